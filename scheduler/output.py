@@ -1,0 +1,123 @@
+"""Plain values that flow between schedule(), the model runner and update()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.request import RequestCost, RequestTimes
+from scheduler.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """One request's share of a step: compute `token_ids` at positions start_position.. .
+
+    token_ids == request.token_ids[start_position : start_position + len(token_ids)].
+    `samples` is True when the chunk reaches the end of the request's known tokens, so the
+    runner must sample one next token for it (a mid-prompt prefill chunk samples nothing).
+    prompt_token_ids / output_token_ids are read-only views for penalties and min_tokens.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_position: int
+    block_table: list[int]
+    samples: bool
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in the KV cache once this chunk is written (attended by its last token)."""
+        return self.start_position + len(self.token_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        """A single new token past the prompt. Recompute after preemption counts as prefill."""
+        return len(self.token_ids) == 1 and self.start_position >= self.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes. Decode chunks come first, then prefill chunks."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    # Requests that finished or were aborted since the previous step: the runner drops their
+    # per-request state (seeded generators).
+    finished_request_ids: list[str] = field(default_factory=list)
+    num_waiting: int = 0  # waiting requests left after this step's admissions
+    num_running: int = 0  # requests in the running batch after this step's admissions
+    num_preemptions: int = 0  # preemptions made while building this output
+    prefix_cache_queried_tokens: int = 0  # prompt tokens looked up at admission this step
+    prefix_cache_hit_tokens: int = 0  # of which were found cached
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(chunk.token_ids) for chunk in self.chunks)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks if not c.is_decode)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probability of the chosen token and the top alternatives (descending)."""
+
+    token_id: int
+    logprob: float
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """What the model runner returns: one sampled token per chunk with samples=True."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """What a request's consumer receives after a step: new tokens, and the end when finished.
+
+    new_token_ids is empty for a request that ended without a token (abort, error).
+    finish_reason is one of FINISH_REASONS' values, or None while running.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    # Monotonic time the newest token was produced, and the one before it (for inter-token
+    # latency); None where there is no such token.
+    produced_at: float | None = None
+    previous_token_at: float | None = None
+    # Set on the finishing event only: the request's timestamps and attributed cost.
+    times: RequestTimes | None = None
+    cost: RequestCost | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

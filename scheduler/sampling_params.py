@@ -1,0 +1,89 @@
+"""SamplingParams: how one request picks its next token and when it stops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; `param` names the offending field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Frozen, validated sampling parameters of one request (one choice; n is the caller's)."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None  # None = no logprobs; k = chosen token plus top-k alternatives
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token_id, bias) pairs
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(
+            self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
+        )
+        _check(
+            0.0 <= self.temperature <= 2.0,
+            "temperature",
+            f"temperature must be in [0, 2], got {self.temperature}",
+        )
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, "top_k", f"top_k must be >= 0 (0 disables), got {self.top_k}")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        _check(
+            0.0 < self.repetition_penalty <= 2.0,
+            "repetition_penalty",
+            f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(-2.0 <= value <= 2.0, name, f"{name} must be in [-2, 2], got {value}")
+        _check(
+            self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+            "logprobs",
+            f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+        )
+        for token_id in self.stop_token_ids:
+            _check(token_id >= 0, "stop_token_ids", f"stop token id {token_id} is negative")
+        for token_id, bias in self.logit_bias:
+            _check(token_id >= 0, "logit_bias", f"logit_bias token id {token_id} is negative")
+            _check(-100.0 <= bias <= 100.0, "logit_bias", f"logit_bias value {bias} not in [-100, 100]")
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0 means argmax; the sampler takes its fast path."""
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamsError(param, message)
