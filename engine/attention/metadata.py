@@ -1,0 +1,43 @@
+"""AttentionMetadata: where each chunk's queries, keys and cache slots live in a flat batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class ChunkSpan:
+    """One request's chunk inside the flat token batch.
+
+    Tokens [query_start, query_start + query_len) of the batch are this chunk; they sit at
+    positions [start_position, start_position + query_len) of the request, and after the KV
+    write the request's cache holds context_len = start_position + query_len tokens.
+    """
+
+    query_start: int
+    query_len: int
+    start_position: int
+    block_table: list[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.start_position + self.query_len
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step attention inputs shared by all layers.
+
+    Decode chunks come first: batch rows [0, num_decodes) are one token each.
+    decode_gather_slots[i, j] is the cache slot of request i's j-th context token (padded with
+    slot 0 where j >= decode_context_lens[i]; decode_mask hides the padding).
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot each new token's K/V goes to
+    chunks: list[ChunkSpan]
+    num_decodes: int
+    decode_gather_slots: torch.Tensor | None  # [num_decodes, max_context] int64
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    block_size: int

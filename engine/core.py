@@ -1,0 +1,262 @@
+"""EngineCore: one step = schedule -> execute -> update, plus the step's meter readings.
+
+Single-threaded by contract: every method is called from the one thread that owns the engine
+(the server's engine thread, or LLM.generate's caller).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.cost import ChunkWork, CostModel, ModelShape, StepCost
+from engine.kv_budget import choose_num_blocks
+from engine.loader import load_checkpoint
+from engine.model_runner import ModelRunner
+from engine.stats import KVCacheInfo, StepStats
+from kvcache.kv_cache_manager import KVCacheManager
+from scheduler.config import SchedulerConfig
+from scheduler.output import RunnerOutput, SchedulerOutput, TokenEvent
+from scheduler.request import Request, RequestStatus
+from scheduler.sampling_params import SamplingParams
+from scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepResult:
+    events: list[TokenEvent] = field(default_factory=list)
+    stats: StepStats | None = None  # None when nothing was scheduled
+
+
+@dataclass(slots=True)
+class ExecuteResult:
+    runner_output: RunnerOutput
+    failed: dict[str, str]  # request_id -> error message
+    num_forward_passes: int
+
+
+class EngineCore:
+    """Owns the scheduler, the KV cache manager, the model runner and the cost model."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        checkpoint = load_checkpoint(config.model)
+        self.config = config
+        self.tokenizer = checkpoint.tokenizer
+        self.model_name = checkpoint.name
+        self.max_model_len = _max_model_len(checkpoint.config, config.max_model_len)
+        self.eos_token_ids = _eos_token_ids(checkpoint.config, checkpoint.tokenizer)
+        self.runner = ModelRunner(config, checkpoint, self.max_model_len)
+        bytes_per_block = self.runner.kv_bytes_per_block()
+        num_blocks = choose_num_blocks(config, bytes_per_block)
+        self.kv_cache_info = KVCacheInfo(config.block_size, num_blocks, bytes_per_block)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                policy=config.scheduling_policy,
+            ),
+            self.kv_cache,
+        )
+        self.model_shape = ModelShape.from_hf_config(
+            checkpoint.config, self.runner.dtype_bytes, self.runner.num_params
+        )
+        self.cost_model = CostModel(self.model_shape)
+        self.max_running_batch_observed = 0
+        log.info(
+            "engine ready: model %s, dtype %s, %d KV blocks of %d tokens (%.1f MiB), max_model_len %d",
+            self.model_name,
+            str(self.runner.dtype).removeprefix("torch."),
+            num_blocks,
+            config.block_size,
+            self.kv_cache_info.num_bytes / 2**20,
+            self.max_model_len,
+        )
+
+    # -- requests -----------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request. Raises ValueError when it can never fit (the caller checks first)."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        total = len(prompt_token_ids) + params.max_tokens
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens; the context is {self.max_model_len}"
+            )
+        if total > self.kv_cache_info.max_tokens:
+            raise ValueError(
+                f"prompt ({len(prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds the "
+                f"KV cache ({self.kv_cache_info.max_tokens} tokens)"
+            )
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            eos_token_ids=self.eos_token_ids,
+            priority=priority,
+        )
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_id: str, error: str | None = None) -> TokenEvent | None:
+        status = RequestStatus.FINISHED_ERROR if error else RequestStatus.FINISHED_ABORTED
+        return self.scheduler.abort_request(request_id, status, error)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self) -> StepResult:
+        started = time.monotonic()
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            # Requests failed inside schedule() hand their final events over through update().
+            return StepResult(self.scheduler.update(output, RunnerOutput()))
+        executed = self._execute(output)
+        duration = time.monotonic() - started
+        cost = self.cost_model.step_cost([_chunk_work(c) for c in output.chunks])
+        prefill_seconds = self._attribute(output, cost, duration)
+        events: list[TokenEvent] = []
+        for request_id, error in executed.failed.items():
+            events.extend(self.scheduler.fail_requests([request_id], error))
+        events.extend(self.scheduler.update(output, executed.runner_output))
+        self.max_running_batch_observed = max(self.max_running_batch_observed, len(output.chunks))
+        stats = self._stats(output, cost, started, duration, prefill_seconds, executed)
+        return StepResult(events, stats)
+
+    def _execute(self, output: SchedulerOutput) -> ExecuteResult:
+        """Run the step; if it raises, re-run chunk by chunk so only the culprits fail."""
+        try:
+            return ExecuteResult(self.runner.execute(output), {}, 1)
+        except Exception as exc:  # noqa: BLE001 - any model failure must not kill the engine
+            log.exception("model step failed; isolating the failing requests")
+            if len(output.chunks) == 1:
+                return ExecuteResult(RunnerOutput(), {output.chunks[0].request_id: _why(exc)}, 1)
+        merged, failed = RunnerOutput(), {}
+        for chunk in output.chunks:
+            try:
+                single = self.runner.execute(SchedulerOutput(chunks=[chunk]))
+            except Exception as exc:  # noqa: BLE001
+                failed[chunk.request_id] = _why(exc)
+                continue
+            merged.sampled_token_ids.update(single.sampled_token_ids)
+            merged.logprobs.update(single.logprobs)
+        return ExecuteResult(merged, failed, 1 + len(output.chunks))
+
+    def _attribute(self, output: SchedulerOutput, cost: StepCost, duration: float) -> float:
+        """Split the step's wall time among its chunks by FLOPs share; returns prefill seconds."""
+        total = cost.total_flops or 1.0
+        prefill_seconds = 0.0
+        for chunk, flops, nbytes in zip(output.chunks, cost.chunk_flops, cost.chunk_bytes, strict=True):
+            seconds = duration * flops / total
+            request = self.scheduler.get_request(chunk.request_id)
+            if not chunk.is_decode:
+                prefill_seconds += seconds
+            if request is None:
+                continue
+            if chunk.is_decode:
+                request.cost.decode_seconds += seconds
+                request.cost.decode_flops += flops
+                request.cost.decode_bytes += nbytes
+            else:
+                request.cost.prefill_seconds += seconds
+                request.cost.prefill_flops += flops
+                request.cost.prefill_bytes += nbytes
+        return prefill_seconds
+
+    def _stats(self, output, cost, started, duration, prefill_seconds, executed) -> StepStats:
+        return StepStats(
+            started_at=started,
+            duration_s=duration,
+            num_prefill_tokens=output.num_prefill_tokens,
+            num_decode_tokens=output.num_decode_tokens,
+            num_prefill_chunks=sum(1 for c in output.chunks if not c.is_decode),
+            num_decode_requests=output.num_decode_tokens,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv_cache.usage,
+            num_preemptions=output.num_preemptions,
+            prefix_cache_queried_tokens=output.prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens=output.prefix_cache_hit_tokens,
+            prefill_flops=cost.prefill_flops,
+            decode_flops=cost.decode_flops,
+            prefill_bytes=cost.prefill_bytes,
+            decode_bytes=cost.decode_bytes,
+            prefill_seconds=prefill_seconds,
+            decode_seconds=duration - prefill_seconds,
+            num_forward_passes=executed.num_forward_passes,
+        )
+
+    # -- facts for the server and tests -------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv_cache.num_free_blocks
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_cache.usage
+
+    @property
+    def num_preemptions_total(self) -> int:
+        return self.scheduler.num_preemptions_total
+
+    def check_invariants(self) -> None:
+        self.kv_cache.check_invariants()
+
+
+def _chunk_work(chunk) -> ChunkWork:
+    return ChunkWork(
+        num_new_tokens=len(chunk.token_ids),
+        context_len=chunk.context_len,
+        samples=chunk.samples,
+        is_decode=chunk.is_decode,
+    )
+
+
+def _why(exc: BaseException) -> str:
+    return f"model step failed: {type(exc).__name__}: {exc}"
+
+
+def _max_model_len(hf_config, configured: int | None) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    # Sliding-window attention is not implemented: cap the context at the window so that
+    # full attention is exactly what the model would compute.
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)
+    if configured is not None:
+        if configured > limit:
+            raise ValueError(f"max_model_len {configured} exceeds the model's limit {limit}")
+        return configured
+    return limit
+
+
+def _eos_token_ids(hf_config, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)

@@ -1,0 +1,191 @@
+"""CostModel: analytic FLOPs and bytes moved for one engine step (pure Python, no torch).
+
+Counts follow the decoder layer of the llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3):
+per new token and per layer
+
+    QKV projection     2 * hidden * (q_dim + 2 * kv_dim)       q_dim = heads * head_dim
+    attention scores   2 * q_dim * ctx                         ctx = tokens the token attends
+    weighted sum       2 * q_dim * ctx                         (causal: token i of a chunk
+    output projection  2 * q_dim * hidden                       starting at s attends s+i+1)
+    gated MLP          2 * 3 * hidden * intermediate
+
+plus the LM head, 2 * hidden * vocab, once for each chunk that samples (only its last row
+produces logits). A multiply-add counts as 2 FLOPs. Norms, rotary embeddings, softmax and
+activations are elementwise and left out: they are < 1% of the matmuls for these models.
+
+Bytes moved per step: every weight matrix is read once per step however many tokens share
+it (that is what batching buys), plus each chunk's KV read over its context and KV written
+for its new tokens, plus one embedding row per new token. Activations are not counted: they
+stay in cache for the batch sizes served here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The numbers of a llama-family decoder that the cost model needs."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_params: int  # every parameter, the tied embedding counted once
+    dtype_bytes: int  # of weights and KV cache at run time
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, dtype_bytes: int, num_params: int | None = None
+    ) -> ModelShape:
+        """Read a transformers PretrainedConfig; count parameters when num_params is None."""
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        tie = bool(getattr(config, "tie_word_embeddings", False))
+        shape = cls(
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            vocab_size=config.vocab_size,
+            num_params=num_params if num_params is not None else 0,
+            dtype_bytes=dtype_bytes,
+            tie_word_embeddings=tie,
+        )
+        if num_params is None:
+            return replace(shape, num_params=shape.counted_params())
+        return shape
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def body_params(self) -> int:
+        """Parameters of the layers and final norm: everything but embedding and LM head."""
+        num_tables = 1 if self.tie_word_embeddings else 2
+        return self.num_params - num_tables * self.embedding_params
+
+    def counted_params(self) -> int:
+        """Parameters implied by the dimensions, without biases (Qwen2's QKV biases < 0.1%)."""
+        attention = (
+            self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+        )
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        layer = attention + mlp + 2 * self.hidden_size  # two RMSNorm weights
+        num_tables = 1 if self.tie_word_embeddings else 2
+        return self.num_layers * layer + self.hidden_size + num_tables * self.embedding_params
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers."""
+        return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkWork:
+    """One request's share of a step, as the cost model sees it.
+
+    context_len = tokens in the KV cache after the chunk = start_position + num_new_tokens.
+    """
+
+    num_new_tokens: int
+    context_len: int
+    samples: bool
+    is_decode: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """FLOPs and bytes of one step, by phase and per chunk (aligned with the input chunks)."""
+
+    prefill_flops: float
+    decode_flops: float
+    prefill_bytes: float
+    decode_bytes: float
+    chunk_flops: list[float]
+    chunk_bytes: list[float]
+
+    @property
+    def total_flops(self) -> float:
+        return self.prefill_flops + self.decode_flops
+
+    @property
+    def total_bytes(self) -> float:
+        return self.prefill_bytes + self.decode_bytes
+
+
+class CostModel:
+    """Turns a step's chunks into FLOPs and bytes moved for one model shape. Stateless."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        self.shape = shape
+        s = shape
+        # FLOPs per new token of all layers, except attention over the context.
+        self._dense_flops_per_token = (
+            2 * s.num_layers * (s.hidden_size * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden_size)
+            + 2 * s.num_layers * 3 * s.hidden_size * s.intermediate_size
+        )
+        # FLOPs per (token, attended position) pair: QK^T and the weighted sum of V.
+        self._attention_flops_per_pair = 4 * s.num_layers * s.q_dim
+        self._lm_head_flops = 2 * s.hidden_size * s.vocab_size
+        self._body_bytes = s.body_params * s.dtype_bytes
+        self._lm_head_bytes = s.embedding_params * s.dtype_bytes
+        self._embedding_row_bytes = s.hidden_size * s.dtype_bytes
+
+    def chunk_flops(self, chunk: ChunkWork) -> float:
+        n, ctx = chunk.num_new_tokens, chunk.context_len
+        start = ctx - n
+        # Token i (0-based) of the chunk attends start + i + 1 positions; summed over i:
+        attended_pairs = n * start + n * (n + 1) // 2
+        flops = n * self._dense_flops_per_token + attended_pairs * self._attention_flops_per_pair
+        if chunk.samples:
+            flops += self._lm_head_flops
+        return float(flops)
+
+    def step_cost(self, chunks: list[ChunkWork]) -> StepCost:
+        """FLOPs and bytes of one step; weight bytes are split between chunks by token share."""
+        flops = [self.chunk_flops(chunk) for chunk in chunks]
+        num_tokens = sum(chunk.num_new_tokens for chunk in chunks)
+        weight_bytes = self._body_bytes if chunks else 0
+        if any(chunk.samples for chunk in chunks):
+            weight_bytes += self._lm_head_bytes
+        kv_per_token = self.shape.kv_bytes_per_token
+        num_bytes = []
+        for chunk in chunks:
+            # The step reads the weights once whatever its size; each chunk carries a share in
+            # proportion to its new tokens, so a phase's bytes follow its token count.
+            share = weight_bytes * chunk.num_new_tokens / num_tokens if num_tokens else 0.0
+            kv_read = chunk.context_len * kv_per_token
+            kv_written = chunk.num_new_tokens * kv_per_token
+            embedding = chunk.num_new_tokens * self._embedding_row_bytes
+            num_bytes.append(float(share + kv_read + kv_written + embedding))
+        return StepCost(
+            prefill_flops=_total(f for f, c in zip(flops, chunks) if not c.is_decode),
+            decode_flops=_total(f for f, c in zip(flops, chunks) if c.is_decode),
+            prefill_bytes=_total(b for b, c in zip(num_bytes, chunks) if not c.is_decode),
+            decode_bytes=_total(b for b, c in zip(num_bytes, chunks) if c.is_decode),
+            chunk_flops=flops,
+            chunk_bytes=num_bytes,
+        )
+
+
+def _total(values: Any) -> float:
+    return float(sum(values))

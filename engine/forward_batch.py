@@ -1,0 +1,101 @@
+"""Input preparation: SchedulerOutput -> ForwardBatch (ids, positions, slots, block tables).
+
+Built as Python lists first (pure, unit-tested against hand-computed values in
+tests/unit/test_forward_batch.py), then turned into tensors in exactly one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata, ChunkSpan
+from scheduler.output import ScheduledChunk
+
+
+@dataclass(slots=True)
+class BatchLists:
+    """The step's inputs as plain lists. Index ranges follow the chunks' order."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    spans: list[ChunkSpan]
+    sample_rows: list[int]  # batch row of the last token of each sampling chunk
+    num_decodes: int  # leading chunks that are single-token decodes
+
+
+def slot_of(block_table: list[int], position: int, block_size: int) -> int:
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+def build_lists(chunks: list[ScheduledChunk], block_size: int) -> BatchLists:
+    """Flatten chunks into one token batch.
+
+    chunk c owns batch rows [query_start_c, query_start_c + len(c.token_ids)), and its tokens
+    sit at request positions [c.start_position, c.start_position + len(c.token_ids)).
+    """
+    lists = BatchLists([], [], [], [], [], 0)
+    for chunk in chunks:
+        query_start = len(lists.input_ids)
+        n = len(chunk.token_ids)
+        positions = range(chunk.start_position, chunk.start_position + n)
+        lists.input_ids.extend(chunk.token_ids)
+        lists.positions.extend(positions)
+        lists.slot_mapping.extend(slot_of(chunk.block_table, p, block_size) for p in positions)
+        lists.spans.append(ChunkSpan(query_start, n, chunk.start_position, chunk.block_table))
+        if chunk.samples:
+            lists.sample_rows.append(query_start + n - 1)
+    lists.num_decodes = _count_leading_decodes(lists.spans)
+    return lists
+
+
+def _count_leading_decodes(spans: list[ChunkSpan]) -> int:
+    count = 0
+    for span in spans:
+        if span.query_len != 1:
+            break
+        count += 1
+    return count
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor
+
+
+def to_tensors(lists: BatchLists, block_size: int) -> ForwardBatch:
+    """The one place the step's lists become tensors (plus the decode gather index)."""
+    gather, mask = _decode_gather(lists.spans[: lists.num_decodes], block_size)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(lists.slot_mapping, dtype=torch.long),
+        chunks=lists.spans,
+        num_decodes=lists.num_decodes,
+        decode_gather_slots=gather,
+        decode_mask=mask,
+        block_size=block_size,
+    )
+    return ForwardBatch(
+        input_ids=torch.tensor(lists.input_ids, dtype=torch.long),
+        positions=torch.tensor(lists.positions, dtype=torch.long),
+        meta=meta,
+        sample_rows=torch.tensor(lists.sample_rows, dtype=torch.long),
+    )
+
+
+def _decode_gather(spans: list[ChunkSpan], block_size: int):
+    """Slots of every decode's context, padded to the longest: [decodes, max_context]."""
+    if not spans:
+        return None, None
+    max_blocks = max(len(s.block_table) for s in spans)
+    tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in spans])
+    context_lens = torch.tensor([s.context_len for s in spans])
+    max_context = int(context_lens.max())
+    positions = torch.arange(max_context)
+    slots = tables[:, positions // block_size] * block_size + positions % block_size
+    mask = positions[None, :] < context_lens[:, None]
+    return slots.masked_fill(~mask, 0), mask[:, None, None, :]

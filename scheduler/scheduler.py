@@ -1,0 +1,346 @@
+"""Scheduler: the continuous-batching policy over one token budget per step.
+
+THE POLICY, in one place (knobs are SchedulerConfig fields):
+
+1. Order. Running requests are served before waiting ones, in the running list's order:
+   admission order under policy="fcfs", (priority, arrival_time) under policy="priority".
+2. Budget. A step computes at most `max_num_batched_tokens` tokens, decodes and prefill chunks
+   alike, and at most `max_num_seqs` requests are running at once.
+3. Running requests get all their uncomputed tokens (1 for a decode, the rest of the prompt for
+   a partially prefilled one), clipped to what is left of the budget.
+4. Preemption. When the KV cache cannot grow a running request, the tail of the running list
+   is preempted (fcfs: the most recently admitted; priority: the least important), possibly
+   the request itself, until the allocation fits. A preempted request drops its blocks and is
+   recomputed from scratch later (its freed blocks stay cached, so a prefix hit usually gives
+   most of them back). It goes to the front of the waiting queue (priority: back under its own
+   key, ahead of later arrivals of its priority).
+5. A step that preempted admits nobody: the blocks just freed would be fought over again.
+6. Admission is strictly head-of-line: if the head of the waiting queue cannot be admitted
+   (budget, seq cap, blocks), nothing behind it is, so a long prompt is never starved.
+   A prefix-cache hit counts as computed; only the rest is charged to the budget.
+7. Chunked prefill (`enable_chunked_prefill`): the rest of a prompt is cut to the budget left;
+   with it off, a request is admitted only when its whole rest fits in the step.
+8. Requests that can never run fail (FINISHED_ERROR) instead of livelocking: one whose tokens
+   need more blocks than the whole pool (seen when it alone holds blocks and still cannot
+   grow), and, with chunked prefill off, one whose rest exceeds the whole step budget.
+
+Call update(output, runner_output) after every schedule(), even an empty one: requests failed
+inside schedule() deliver their final event through it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+
+from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
+from scheduler.config import SchedulerConfig
+from scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput, TokenEvent
+from scheduler.request import Request, RequestStatus
+from scheduler.stop import check_stop
+from scheduler.waiting_queue import WaitingQueue
+
+
+class Scheduler:
+    """Owns every unfinished request and its status; decides each step who computes what.
+
+    Guarantees: a request is in exactly one of waiting / running until it finishes; a finished
+    request holds no blocks and appears once in a later SchedulerOutput.finished_request_ids.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache: KVCacheManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        self._clock = clock
+        self._requests: dict[str, Request] = {}  # unfinished requests only
+        self._waiting = WaitingQueue(config.policy)
+        self._running: list[Request] = []  # in policy order (rule 1); the tail is preempted
+        self._finished_ids: list[str] = []  # since the last schedule()
+        self._pending_events: list[TokenEvent] = []  # failures found in schedule()
+        self._num_preemptions_total = 0
+        self._queried_seen = kv_cache.prefix_cache_queried_tokens
+        self._hit_seen = kv_cache.prefix_cache_hit_tokens
+
+    # ----------------------------------------------------------------------------- requests
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request. Raises ValueError for what the caller must reject up front."""
+        if request.request_id in self._requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.num_prompt_tokens == 0:
+            raise ValueError("empty prompt")
+        if request.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {request.num_prompt_tokens} tokens; max_model_len "
+                f"{self.config.max_model_len} leaves no room for a completion token"
+            )
+        if request.status != RequestStatus.WAITING or request.num_output_tokens:
+            raise ValueError(f"request {request.request_id!r} is not new")
+        self._requests[request.request_id] = request
+        self._waiting.add(request)
+
+    def abort_request(
+        self,
+        request_id: str,
+        status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+        error: str | None = None,
+    ) -> TokenEvent | None:
+        """Finish a request wherever it is and free its blocks; None if unknown or finished."""
+        if not status.is_finished:
+            raise ValueError(f"{status.name} is not a finished status")
+        request = self._requests.get(request_id)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            self._waiting.mark_removed()
+        self._finish(request, status, error)
+        return self._event(request, None, None)
+
+    def fail_requests(self, request_ids: list[str], error: str) -> list[TokenEvent]:
+        events = (self.abort_request(i, RequestStatus.FINISHED_ERROR, error) for i in request_ids)
+        return [event for event in events if event is not None]
+
+    def get_request(self, request_id: str) -> Request | None:
+        """An unfinished request (finished ones are handed over in their final event)."""
+        return self._requests.get(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """True while requests are queued or running, or a final event awaits update()."""
+        return bool(self._requests) or bool(self._pending_events)
+
+    @property
+    def num_preemptions_total(self) -> int:
+        return self._num_preemptions_total
+
+    # ----------------------------------------------------------------------------- schedule
+
+    def schedule(self) -> SchedulerOutput:
+        """Build one step: running requests first (rules 3-4), then admissions (rules 5-8)."""
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        budget = self._schedule_running(self.config.max_num_batched_tokens, chunks, preempted)
+        if not preempted:
+            self._schedule_waiting(budget, chunks)
+        kv = self.kv_cache
+        output = SchedulerOutput(
+            chunks=[c for c in chunks if c.is_decode] + [c for c in chunks if not c.is_decode],
+            preempted_request_ids=preempted,
+            finished_request_ids=self._finished_ids,
+            num_waiting=len(self._waiting),
+            num_running=len(self._running),
+            num_preemptions=len(preempted),
+            prefix_cache_queried_tokens=kv.prefix_cache_queried_tokens - self._queried_seen,
+            prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens - self._hit_seen,
+        )
+        self._finished_ids = []
+        self._queried_seen = kv.prefix_cache_queried_tokens
+        self._hit_seen = kv.prefix_cache_hit_tokens
+        return output
+
+    def _schedule_running(
+        self, budget: int, chunks: list[ScheduledChunk], preempted: list[str]
+    ) -> int:
+        i = 0
+        while i < len(self._running) and budget > 0:
+            request = self._running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            total = request.num_computed_tokens + num_new
+            if not self._allocate_or_preempt(request, total, preempted):
+                break  # the request itself left the running list; it was the tail
+            chunks.append(self._chunk(request, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
+        """Rule 4: preempt from the tail until `request` fits; False if it was preempted or
+        failed (rule 8). Victims are never already scheduled this step: the tail lies at or
+        after the request being scheduled."""
+        while not self.kv_cache.allocate_slots(request.request_id, num_tokens):
+            if len(self._running) == 1:
+                self._running.clear()
+                self._fail_in_schedule(request, self._unfittable_error(request))
+                return False
+            victim = self._running.pop()
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self._num_preemptions_total += 1
+        self._waiting.add_preempted(request)
+
+    def _schedule_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> None:
+        chunked = self.config.enable_chunked_prefill
+        while budget > 0 and len(self._running) < self.config.max_num_seqs:
+            request = self._waiting.peek()
+            if request is None or self.kv_cache.num_free_blocks == 0:
+                return  # a hit is whole blocks and never the last token: 1 new block at least
+            computed = self.kv_cache.get_computed_blocks(request.token_ids)
+            num_new = request.num_tokens - computed.num_tokens
+            if num_new > budget and not chunked:
+                if num_new <= self.config.max_num_batched_tokens:
+                    return  # fits a later, emptier step (rule 6: nobody overtakes it)
+                self._waiting.pop()
+                self._fail_in_schedule(request, self._budget_error(request, num_new))
+                continue
+            num_new = min(num_new, budget)
+            total = computed.num_tokens + num_new
+            if not self.kv_cache.allocate_slots(request.request_id, total, computed):
+                if self._running:
+                    return  # blocks come back as running requests finish
+                self._waiting.pop()  # nobody holds blocks, yet it does not fit: it never will
+                self._fail_in_schedule(request, self._unfittable_error(request))
+                continue
+            self._waiting.pop()
+            self._admit(request, computed)
+            chunks.append(self._chunk(request, num_new))
+            budget -= num_new
+
+    def _admit(self, request: Request, computed: ComputedBlocks) -> None:
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = computed.num_tokens
+        if request.times.first_scheduled is None:
+            request.times.first_scheduled = self._clock()
+            request.num_cached_tokens = computed.num_tokens
+        if self.config.policy == "priority":
+            bisect.insort(self._running, request, key=_priority_key)
+        else:
+            self._running.append(request)
+
+    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        end = start + num_new
+        return ScheduledChunk(
+            request_id=request.request_id,
+            token_ids=request.token_ids[start:end],
+            start_position=start,
+            block_table=self.kv_cache.block_table(request.request_id),
+            samples=end == request.num_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+            sampling_params=request.sampling_params,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            eos_token_ids=request.eos_token_ids,
+        )
+
+    def _unfittable_error(self, request: Request) -> str:
+        kv = self.kv_cache
+        return (
+            f"request needs {request.num_tokens} tokens of KV cache but the cache holds only "
+            f"{kv.num_blocks} blocks of {kv.block_size} tokens ({kv.num_blocks * kv.block_size})"
+        )
+
+    def _budget_error(self, request: Request, num_new: int) -> str:
+        return (
+            f"request needs {num_new} tokens in one step but max_num_batched_tokens is "
+            f"{self.config.max_num_batched_tokens} and chunked prefill is disabled"
+        )
+
+    def _fail_in_schedule(self, request: Request, error: str) -> None:
+        self._finish(request, RequestStatus.FINISHED_ERROR, error)
+        self._pending_events.append(self._event(request, None, None))
+
+    # ------------------------------------------------------------------------------- update
+
+    def update(self, output: SchedulerOutput, runner_output: RunnerOutput) -> list[TokenEvent]:
+        """Advance every scheduled request by its chunk, append sampled tokens, finish those
+        that stop. Chunks of requests aborted since schedule() are skipped."""
+        events, self._pending_events = self._pending_events, []
+        now = self._clock()
+        num_finished = 0
+        for chunk in output.chunks:
+            request = self._requests.get(chunk.request_id)
+            if (
+                request is None
+                or request.status != RequestStatus.RUNNING
+                or request.num_computed_tokens != chunk.start_position
+            ):
+                continue  # aborted (maybe re-added under the same id) since schedule()
+            request.num_computed_tokens += len(chunk.token_ids)
+            self.kv_cache.cache_full_blocks(
+                request.request_id, request.token_ids, request.num_computed_tokens
+            )
+            if chunk.samples:
+                events.append(self._append_token(request, runner_output, now))
+                num_finished += request.is_finished
+        if num_finished:
+            self._running = [request for request in self._running if not request.is_finished]
+        return events
+
+    def _append_token(
+        self, request: Request, runner_output: RunnerOutput, now: float
+    ) -> TokenEvent:
+        token_id = runner_output.sampled_token_ids.get(request.request_id)
+        if token_id is None:
+            self._finish(request, RequestStatus.FINISHED_ERROR, "model runner sampled no token")
+            return self._event(request, None, None)
+        request.token_ids.append(token_id)
+        times = request.times
+        previous = times.last_token
+        if times.first_token is None:
+            times.first_token = now
+        times.last_token = now
+        status = check_stop(request, token_id, self.config.max_model_len)
+        if status is not None:
+            self._finish(request, status, None)
+        event = self._event(request, token_id, now)
+        event.previous_token_at = previous
+        logprobs = runner_output.logprobs.get(request.request_id)
+        if logprobs is not None:
+            event.logprobs.append(logprobs)
+        return event
+
+    # ------------------------------------------------------------------------------- finish
+
+    def _finish(self, request: Request, status: RequestStatus, error: str | None) -> None:
+        """Final state: blocks freed, unregistered, id queued for finished_request_ids. The
+        caller takes the request out of the waiting queue or the running list."""
+        request.status = status
+        request.error = error
+        request.times.finished = self._clock()
+        self.kv_cache.free(request.request_id)
+        del self._requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+
+    def _event(self, request: Request, token_id: int | None, now: float | None) -> TokenEvent:
+        finished = request.is_finished
+        return TokenEvent(
+            request_id=request.request_id,
+            new_token_ids=[] if token_id is None else [token_id],
+            finish_reason=request.finish_reason,
+            error=request.error,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            num_output_tokens=request.num_output_tokens,
+            produced_at=now,
+            times=request.times if finished else None,
+            cost=request.cost if finished else None,
+        )
+
+
+def _priority_key(request: Request) -> tuple[int, float]:
+    return (request.priority, request.arrival_time)

@@ -1,0 +1,213 @@
+"""KVCacheManager: exact block tables, ref counts and free-queue order through allocate /
+prefix hit / free / evict, with the invariants checked after every operation."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
+from kvcache.prefix_hash import hash_block
+
+A_TOKENS = list(range(100, 110))  # 10 tokens: blocks of 4 -> 2 full + 1 partial
+
+
+def manager(num_blocks: int = 8, block_size: int = 4, caching: bool = True) -> KVCacheManager:
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+    kv.check_invariants()
+    return kv
+
+
+def free_order(kv: KVCacheManager) -> list[int]:
+    return kv.pool.free_queue.block_ids()
+
+
+def refs(kv: KVCacheManager, block_ids: list[int]) -> list[int]:
+    return [kv.pool.blocks[i].ref_count for i in block_ids]
+
+
+def run_prefill(kv: KVCacheManager, request_id: str, tokens: list[int]) -> None:
+    """Admit with a prefix lookup, allocate the whole prompt, mark it computed."""
+    computed = kv.get_computed_blocks(tokens)
+    assert kv.allocate_slots(request_id, len(tokens), computed)
+    kv.check_invariants()
+    kv.cache_full_blocks(request_id, tokens, len(tokens))
+    kv.check_invariants()
+
+
+def test_allocate_cache_free_then_prefix_hit() -> None:
+    kv = manager()
+    run_prefill(kv, "A", A_TOKENS)
+    assert kv.block_table("A") == [0, 1, 2]
+    assert free_order(kv) == [3, 4, 5, 6, 7]
+    assert kv.usage == 3 / 8
+    # Blocks 0 and 1 are full and computed; block 2 holds 2 tokens and stays uncached.
+    h0 = hash_block(None, A_TOKENS[0:4])
+    h1 = hash_block(h0, A_TOKENS[4:8])
+    assert [kv.pool.blocks[i].block_hash for i in range(3)] == [h0, h1, None]
+
+    kv.free("A")
+    kv.check_invariants()
+    assert free_order(kv) == [3, 4, 5, 6, 7, 2, 1, 0]  # tail of A evicted first
+    assert kv.block_table("A") == []
+
+    b_tokens = A_TOKENS[:8] + [900, 901]
+    computed = kv.get_computed_blocks(b_tokens)
+    assert [b.block_id for b in computed.blocks] == [0, 1] and computed.num_tokens == 8
+    assert kv.allocate_slots("B", 10, computed)
+    kv.check_invariants()
+    assert kv.block_table("B") == [0, 1, 3]
+    assert refs(kv, [0, 1, 3]) == [1, 1, 1]
+    assert free_order(kv) == [4, 5, 6, 7, 2]
+    assert kv.prefix_cache_queried_tokens == 10 + 10  # A's admission, then B's
+    assert kv.prefix_cache_hit_tokens == 8
+
+
+def test_running_requests_share_blocks() -> None:
+    kv = manager()
+    run_prefill(kv, "A", A_TOKENS)
+    run_prefill(kv, "B", A_TOKENS[:8] + [7])
+    assert kv.block_table("B") == [0, 1, 3]
+    assert refs(kv, [0, 1, 2, 3]) == [2, 2, 1, 1]
+    kv.free("A")
+    kv.check_invariants()
+    assert refs(kv, [0, 1, 2]) == [1, 1, 0]
+    assert free_order(kv) == [4, 5, 6, 7, 2]  # only A's private tail came back
+    kv.free("B")
+    kv.check_invariants()
+    assert free_order(kv) == [4, 5, 6, 7, 2, 3, 1, 0]
+
+
+def test_hit_never_covers_the_last_token() -> None:
+    kv = manager()
+    run_prefill(kv, "A", A_TOKENS[:8])  # exactly two full blocks, both cached
+    kv.free("A")
+    computed = kv.get_computed_blocks(A_TOKENS[:8])
+    assert [b.block_id for b in computed.blocks] == [0] and computed.num_tokens == 4
+    assert kv.get_computed_blocks(A_TOKENS[:9]).num_tokens == 8
+    assert kv.get_computed_blocks(A_TOKENS[:1]).num_tokens == 0
+
+
+def test_hit_stops_at_first_differing_block() -> None:
+    kv = manager()
+    run_prefill(kv, "A", A_TOKENS)
+    changed = A_TOKENS[:4] + [0, 0, 0, 0] + A_TOKENS[8:]
+    computed = kv.get_computed_blocks(changed)
+    assert [b.block_id for b in computed.blocks] == [0]
+    # Same second block, different first block: the chained hash refuses it.
+    changed_first = [0, 0, 0, 0] + A_TOKENS[4:]
+    assert kv.get_computed_blocks(changed_first).blocks == []
+
+
+def test_failed_allocation_changes_nothing() -> None:
+    kv = manager(num_blocks=4)
+    run_prefill(kv, "A", A_TOKENS)  # blocks [0, 1, 2]; 0 and 1 cached
+    kv.free("A")
+    assert free_order(kv) == [3, 2, 1, 0]
+    queried = kv.prefix_cache_queried_tokens
+    b_tokens = A_TOKENS[:8] + list(range(200, 212))  # 20 tokens = 5 blocks, 2 hit
+    computed = kv.get_computed_blocks(b_tokens)
+    assert computed.num_tokens == 8
+    # Needs 3 new blocks; 4 free but 2 of them are the hit itself -> only 2 to give.
+    assert not kv.allocate_slots("B", 20, computed)
+    kv.check_invariants()
+    assert free_order(kv) == [3, 2, 1, 0] and kv.block_table("B") == []
+    assert kv.prefix_cache_queried_tokens == queried  # a failed admission is not counted
+    assert kv.allocate_slots("B", 16, computed)  # 4 blocks: exactly the pool
+    kv.check_invariants()
+    assert kv.block_table("B") == [0, 1, 3, 2]
+    assert kv.num_free_blocks == 0 and kv.usage == 1.0
+    assert not kv.allocate_slots("B", 17)
+    kv.check_invariants()
+    assert kv.block_table("B") == [0, 1, 3, 2]
+
+
+def test_growing_table_and_incremental_hashes() -> None:
+    kv = manager(num_blocks=4)
+    tokens = list(range(1, 14))
+    assert kv.allocate_slots("A", 5, ComputedBlocks())  # prefill chunk of 5 tokens
+    kv.cache_full_blocks("A", tokens, 5)
+    kv.check_invariants()
+    assert kv.block_table("A") == [0, 1]
+    h0 = hash_block(None, tokens[0:4])
+    assert kv.pool.blocks[0].block_hash == h0 and kv.pool.blocks[1].block_hash is None
+    for num_tokens in range(6, 14):  # then one token at a time
+        assert kv.allocate_slots("A", num_tokens)
+        kv.cache_full_blocks("A", tokens, num_tokens)
+        kv.check_invariants()
+    assert kv.block_table("A") == [0, 1, 2, 3]
+    h1 = hash_block(h0, tokens[4:8])
+    h2 = hash_block(h1, tokens[8:12])
+    assert [kv.pool.blocks[i].block_hash for i in range(4)] == [h0, h1, h2, None]
+    assert kv.allocate_slots("A", 16)  # still inside block 3: no new block
+    assert not kv.allocate_slots("A", 17)
+    kv.check_invariants()
+
+
+def test_reusing_a_cached_free_block_evicts_it() -> None:
+    kv = manager(num_blocks=3)
+    run_prefill(kv, "A", A_TOKENS)  # [0, 1, 2]
+    kv.free("A")
+    assert free_order(kv) == [2, 1, 0]
+    assert kv.allocate_slots("C", 8)  # takes 2 (uncached) and 1 (cached: evicted)
+    kv.check_invariants()
+    assert kv.block_table("C") == [2, 1]
+    assert kv.pool.blocks[1].block_hash is None
+    computed = kv.get_computed_blocks(A_TOKENS)
+    assert [b.block_id for b in computed.blocks] == [0]  # the chain breaks at block 1
+
+
+def test_allocation_revives_only_hit_blocks() -> None:
+    kv = manager(num_blocks=4)
+    run_prefill(kv, "A", A_TOKENS)
+    kv.free("A")
+    run_prefill(kv, "B", A_TOKENS[:8] + [5])  # hits [0, 1], takes block 3 from the head
+    assert kv.block_table("B") == [0, 1, 3]
+    assert free_order(kv) == [2]
+
+
+def test_caching_disabled() -> None:
+    kv = manager(caching=False)
+    run_prefill(kv, "A", A_TOKENS)
+    kv.free("A")
+    computed = kv.get_computed_blocks(A_TOKENS)
+    assert computed.blocks == [] and computed.num_tokens == 0
+    assert kv.pool.num_cached_blocks == 0
+    assert kv.prefix_cache_queried_tokens == 0 and kv.prefix_cache_hit_tokens == 0
+    run_prefill(kv, "B", A_TOKENS)
+    assert kv.block_table("B") == [3, 4, 5]  # plain LRU reuse from the queue head
+
+
+def test_free_is_idempotent_and_reset_prefix_cache() -> None:
+    kv = manager()
+    kv.free("nobody")
+    run_prefill(kv, "A", A_TOKENS)
+    assert kv.reset_prefix_cache() is False  # A still holds cached blocks
+    kv.free("A")
+    kv.free("A")
+    kv.check_invariants()
+    assert kv.reset_prefix_cache() is True
+    kv.check_invariants()
+    assert kv.get_computed_blocks(A_TOKENS).num_tokens == 0
+
+
+def test_misuse_raises() -> None:
+    kv = manager()
+    run_prefill(kv, "A", A_TOKENS)
+    with pytest.raises(ValueError, match="already has blocks"):
+        kv.allocate_slots("A", 12, ComputedBlocks())
+    with pytest.raises(ValueError):
+        KVCacheManager(4, 0)
+    with pytest.raises(ValueError):
+        KVCacheManager(0, 4)
+
+
+def test_stale_hit_is_rejected() -> None:
+    kv = manager(num_blocks=3)
+    run_prefill(kv, "A", A_TOKENS)
+    kv.free("A")
+    computed = kv.get_computed_blocks(A_TOKENS)
+    assert kv.allocate_slots("C", 12)  # evicts the hit blocks behind the lookup's back
+    kv.free("C")
+    with pytest.raises(ValueError, match="stale"):
+        kv.allocate_slots("B", 10, computed)
+    kv.check_invariants()

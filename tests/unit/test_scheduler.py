@@ -1,0 +1,565 @@
+"""Scheduler with a fake runner: who ran, with how many tokens, who was preempted, how each
+request ended; the KV cache's invariants are checked after every schedule and update."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from kvcache.kv_cache_manager import KVCacheManager
+from scheduler.config import SchedulerConfig
+from scheduler.output import RunnerOutput, SchedulerOutput, TokenEvent, TokenLogprobs
+from scheduler.request import FINISH_REASONS, Request, RequestStatus
+from scheduler.sampling_params import SamplingParams
+from scheduler.scheduler import Scheduler
+
+EOS = 2
+FILLER = 7  # what the fake runner samples unless a script says otherwise
+_prompt_bases = itertools.count(1)  # distinct prompts: no accidental prefix-cache hits
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    """A scheduler over a real KVCacheManager, driven step by step by a fake runner that
+    samples FILLER, or what `script(request_id, output_index)` returns."""
+
+    sched: Scheduler
+    kv: KVCacheManager
+    clock: FakeClock
+    script: Callable[[str, int], int] | None = None
+
+    def step(self) -> tuple[SchedulerOutput, list[TokenEvent]]:
+        out = self.sched.schedule()
+        self.kv.check_invariants()
+        events = self.sched.update(out, self.run(out))
+        self.kv.check_invariants()
+        self.clock.now += 1.0
+        return out, events
+
+    def run(self, out: SchedulerOutput) -> RunnerOutput:
+        sampled = {}
+        for chunk in out.chunks:
+            if chunk.samples:
+                index = len(chunk.output_token_ids)
+                script = self.script
+                sampled[chunk.request_id] = script(chunk.request_id, index) if script else FILLER
+        return RunnerOutput(sampled_token_ids=sampled)
+
+    def add(self, request_id: str, num_prompt: int, **kwargs: Any) -> Request:
+        request = make_request(request_id, num_prompt, arrival=self.clock.now, **kwargs)
+        self.sched.add_request(request)
+        self.clock.now += 0.001
+        return request
+
+
+def make_request(
+    request_id: str,
+    num_prompt: int,
+    arrival: float = 0.0,
+    priority: int = 0,
+    tokens: list[int] | None = None,
+    **params: object,
+) -> Request:
+    base = 1_000_000 * next(_prompt_bases)
+    prompt = tokens if tokens is not None else [base + i for i in range(num_prompt)]
+    params.setdefault("max_tokens", 100)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(**params),  # type: ignore[arg-type]
+        arrival_time=arrival,
+        eos_token_ids=frozenset({EOS}),
+        priority=priority,
+    )
+
+
+def harness(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    caching: bool = True,
+    **config: object,
+) -> Harness:
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+    clock = FakeClock()
+    return Harness(Scheduler(SchedulerConfig(**config), kv, clock), kv, clock)  # type: ignore[arg-type]
+
+
+def ran(out: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
+    """(request_id, num_new_tokens, start_position, samples) of each chunk, in output order."""
+    return [(c.request_id, c.num_new_tokens, c.start_position, c.samples) for c in out.chunks]
+
+
+def assert_all_blocks_free(h: Harness) -> None:
+    assert h.kv.num_free_blocks == h.kv.num_blocks
+    h.kv.check_invariants()
+
+
+# ------------------------------------------------------------------------------ basic flow
+
+
+def test_prefill_then_decodes_until_max_tokens() -> None:
+    h = harness()
+    request = h.add("A", 10, max_tokens=3)
+    out, events = h.step()
+    assert ran(out) == [("A", 10, 0, True)]
+    chunk = out.chunks[0]
+    assert chunk.token_ids == request.prompt_token_ids and chunk.block_table == [0, 1, 2]
+    assert not chunk.is_decode and out.num_running == 1 and out.num_waiting == 0
+    assert [(e.new_token_ids, e.finish_reason) for e in events] == [([FILLER], None)]
+    out, events = h.step()
+    assert ran(out) == [("A", 1, 10, True)] and out.chunks[0].is_decode
+    assert out.chunks[0].token_ids == [FILLER]
+    out, events = h.step()
+    assert ran(out) == [("A", 1, 11, True)]
+    [event] = events
+    assert event.finish_reason == "length" and event.num_output_tokens == 3
+    assert request.status == RequestStatus.FINISHED_LENGTH
+    assert request.output_token_ids == [FILLER] * 3
+    assert_all_blocks_free(h)
+    out, events = h.step()
+    assert out.is_empty and out.finished_request_ids == ["A"] and events == []
+    assert not h.sched.has_unfinished_requests
+
+
+def test_chunked_prefill_mixed_with_decodes() -> None:
+    h = harness(max_num_batched_tokens=8)
+    h.add("A", 4)
+    h.add("B", 20)
+    out, _ = h.step()
+    assert ran(out) == [("A", 4, 0, True), ("B", 4, 0, False)]
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 4, True), ("B", 7, 4, False)]  # decode first, then chunk
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 5, True), ("B", 7, 11, False)]
+    out, events = h.step()
+    assert ran(out) == [("A", 1, 6, True), ("B", 2, 18, True)]
+    assert [e.request_id for e in events] == ["A", "B"]  # only sampling chunks get events
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 7, True), ("B", 1, 20, True)]
+    assert out.num_batched_tokens == 2 and out.num_decode_tokens == 2
+
+
+def test_no_chunking_admits_only_whole_prompts_head_of_line() -> None:
+    h = harness(max_num_batched_tokens=8, enable_chunked_prefill=False)
+    h.add("A", 4, max_tokens=2)
+    h.add("B", 8)
+    h.add("C", 1)
+    out, _ = h.step()
+    assert ran(out) == [("A", 4, 0, True)]  # B (8) does not fit in 4; C may not overtake it
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 4, True)]
+    out, _ = h.step()
+    assert ran(out) == [("B", 8, 0, True)]
+    out, _ = h.step()
+    assert ran(out) == [("B", 1, 8, True), ("C", 1, 0, True)]
+
+
+def test_max_num_seqs_caps_the_running_batch() -> None:
+    h = harness(max_num_seqs=2)
+    for name in "ABC":
+        h.add(name, 3, max_tokens=2)
+    out, _ = h.step()
+    assert [c.request_id for c in out.chunks] == ["A", "B"]
+    assert out.num_running == 2 and out.num_waiting == 1
+    out, _ = h.step()  # A and B finish here
+    assert [c.request_id for c in out.chunks] == ["A", "B"]
+    out, _ = h.step()
+    assert ran(out) == [("C", 3, 0, True)] and sorted(out.finished_request_ids) == ["A", "B"]
+
+
+# ------------------------------------------------------------------------------ preemption
+
+
+def test_preempts_most_recently_admitted_and_recomputes_it() -> None:
+    h = harness(num_blocks=4, block_size=4)
+    a = h.add("A", 4, max_tokens=4)
+    b = h.add("B", 4, max_tokens=4)
+    c = h.add("C", 4, max_tokens=4)
+    out, _ = h.step()
+    assert ran(out) == [("A", 4, 0, True), ("B", 4, 0, True), ("C", 4, 0, True)]
+    # Each needs a second block now; one is free: A takes it, B forces C (latest) out.
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 4, True), ("B", 1, 4, True)]
+    assert out.preempted_request_ids == ["C"] and out.num_preemptions == 1
+    assert c.status == RequestStatus.PREEMPTED and c.num_computed_tokens == 0
+    assert c.num_preemptions == 1 and h.sched.num_preemptions_total == 1
+    assert h.kv.block_table("A") == [0, 3] and h.kv.block_table("B") == [1, 2]
+    assert out.num_waiting == 1 and out.num_running == 2
+    out, _ = h.step()  # C cannot get 2 blocks yet
+    assert ran(out) == [("A", 1, 5, True), ("B", 1, 5, True)] and out.num_waiting == 1
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 6, True), ("B", 1, 6, True)]
+    assert a.is_finished and b.is_finished
+    out, _ = h.step()
+    # C recomputes its prompt and its one output token, then samples its second token.
+    assert ran(out) == [("C", 5, 0, True)]
+    assert out.chunks[0].token_ids == c.prompt_token_ids + [FILLER]
+    assert c.status == RequestStatus.RUNNING and c.num_output_tokens == 2
+    assert h.sched.num_preemptions_total == 1
+
+
+def test_request_may_preempt_itself() -> None:
+    h = harness(num_blocks=2, block_size=4)
+    h.add("A", 3)
+    b = h.add("B", 4)
+    h.step()
+    out, _ = h.step()  # A still fits its block; B needs a second one and is the tail itself
+    assert ran(out) == [("A", 1, 3, True)]
+    assert out.preempted_request_ids == ["B"] and b.status == RequestStatus.PREEMPTED
+    assert h.kv.block_table("B") == []
+
+
+def test_preempted_request_gets_its_cached_prefix_back() -> None:
+    h = harness(num_blocks=5, block_size=4)
+    h.add("A", 8, max_tokens=2)  # blocks 0, 1 (+ 4 when decoding)
+    c = h.add("C", 8, max_tokens=3)  # blocks 2, 3
+    h.step()
+    out, _ = h.step()  # A takes block 4; C needs one more, none left: C preempts itself
+    assert out.preempted_request_ids == ["C"] and ran(out) == [("A", 1, 8, True)]
+    assert h.kv.pool.free_queue.block_ids() == [3, 2, 4, 1, 0]  # A finished too
+    out, _ = h.step()  # C comes back: 8 of its 9 tokens are still cached
+    assert ran(out) == [("C", 1, 8, True)]
+    assert out.prefix_cache_hit_tokens == 8 and out.prefix_cache_queried_tokens == 9
+    assert h.kv.block_table("C") == [2, 3, 4]
+    assert c.num_cached_tokens == 0  # recorded at first admission only
+
+
+# ------------------------------------------------------------------------------ prefix cache
+
+
+def test_prefix_hit_counts_as_computed() -> None:
+    h = harness(block_size=4)
+    shared = list(range(500, 510))
+    h.add("A", 0, tokens=shared, max_tokens=1)
+    out, _ = h.step()
+    assert out.prefix_cache_queried_tokens == 10 and out.prefix_cache_hit_tokens == 0
+    b = h.add("B", 0, tokens=shared[:8] + [1, 2, 3], max_tokens=2)
+    out, events = h.step()
+    assert ran(out) == [("B", 3, 8, True)]
+    assert out.chunks[0].token_ids == [1, 2, 3] and out.chunks[0].block_table[:2] == [0, 1]
+    assert out.prefix_cache_queried_tokens == 11 and out.prefix_cache_hit_tokens == 8
+    assert b.num_cached_tokens == 8 and events[0].num_cached_tokens == 8
+    out, events = h.step()
+    assert out.prefix_cache_queried_tokens == 0 and events[0].num_cached_tokens == 8
+
+
+def test_caching_disabled_computes_everything() -> None:
+    h = harness(caching=False)
+    h.add("A", 10, max_tokens=1)
+    h.step()
+    h.add("B", 10, max_tokens=1)
+    out, _ = h.step()
+    assert ran(out) == [("B", 10, 0, True)] and out.prefix_cache_queried_tokens == 0
+
+
+# ------------------------------------------------------------------------------ aborts
+
+
+def test_abort_waiting_request() -> None:
+    h = harness(max_num_seqs=1)
+    h.add("A", 4)
+    h.add("B", 4)
+    h.step()
+    event = h.sched.abort_request("B")
+    assert event is not None and event.finish_reason == "abort" and event.new_token_ids == []
+    assert event.times is not None and event.times.finished is not None
+    assert h.sched.num_waiting == 0 and h.sched.get_request("B") is None
+    assert h.sched.abort_request("B") is None
+    out, _ = h.step()
+    assert out.finished_request_ids == ["B"] and ran(out) == [("A", 1, 4, True)]
+
+
+def test_abort_at_every_stage_frees_every_block() -> None:
+    h = harness(num_blocks=4, block_size=4, max_num_batched_tokens=6)
+    h.add("P", 4)  # running decode
+    h.add("Q", 10)  # mid-prefill after step 1
+    h.add("W", 2)  # waiting: the budget is spent
+    out, _ = h.step()
+    assert ran(out) == [("P", 4, 0, True), ("Q", 2, 0, False)]
+    out, _ = h.step()
+    assert ran(out) == [("P", 1, 4, True), ("Q", 5, 2, False)]
+    out, _ = h.step()  # Q needs a third block: P took one, W none left; Q preempts itself
+    assert out.preempted_request_ids == ["Q"]
+    q = h.sched.get_request("Q")
+    assert q is not None and q.status == RequestStatus.PREEMPTED
+    for name in ("Q", "W"):  # preempted, waiting
+        event = h.sched.abort_request(name)
+        assert event is not None and event.finish_reason == "abort"
+        h.kv.check_invariants()
+    out = h.sched.schedule()  # P scheduled, then aborted before update()
+    assert ran(out) == [("P", 1, 6, True)] and out.finished_request_ids == ["Q", "W"]
+    event = h.sched.abort_request("P", RequestStatus.FINISHED_ERROR, "runner crashed")
+    assert event is not None and event.finish_reason == "error" and event.error == "runner crashed"
+    assert h.sched.update(out, h.run(out)) == []  # skipped safely
+    assert_all_blocks_free(h)
+    assert not h.sched.has_unfinished_requests
+    out, _ = h.step()
+    assert out.finished_request_ids == ["P"]
+
+
+def test_fail_requests_and_abort_validation() -> None:
+    h = harness()
+    h.add("A", 4)
+    h.add("B", 4)
+    h.step()
+    events = h.sched.fail_requests(["A", "nobody", "B"], "device lost")
+    assert [(e.request_id, e.finish_reason, e.error) for e in events] == [
+        ("A", "error", "device lost"),
+        ("B", "error", "device lost"),
+    ]
+    assert_all_blocks_free(h)
+    with pytest.raises(ValueError, match="not a finished status"):
+        h.sched.abort_request("A", RequestStatus.RUNNING)
+
+
+# ------------------------------------------------------------------------------ stopping
+
+
+def finish_of(h: Harness, request_id: str, max_steps: int = 50) -> TokenEvent:
+    for _ in range(max_steps):
+        _, events = h.step()
+        for event in events:
+            if event.request_id == request_id and event.finished:
+                return event
+    raise AssertionError(f"{request_id} did not finish")
+
+
+def eos_at(index: int) -> Callable[[str, int], int]:
+    return lambda _request_id, i: EOS if i >= index else FILLER
+
+
+def test_eos_stops() -> None:
+    h = harness()
+    h.script = eos_at(2)
+    request = h.add("A", 4)
+    event = finish_of(h, "A")
+    assert event.finish_reason == "stop" and event.new_token_ids == [EOS]
+    assert request.output_token_ids == [FILLER, FILLER, EOS]
+    assert request.status == RequestStatus.FINISHED_STOPPED
+
+
+def test_eos_ignored_before_min_tokens() -> None:
+    h = harness()
+    h.script = eos_at(0)
+    request = h.add("A", 4, min_tokens=3)
+    event = finish_of(h, "A")
+    assert event.finish_reason == "stop" and request.num_output_tokens == 3
+
+
+def test_ignore_eos_runs_to_max_tokens() -> None:
+    h = harness()
+    h.script = eos_at(0)
+    request = h.add("A", 4, ignore_eos=True, max_tokens=5)
+    event = finish_of(h, "A")
+    assert event.finish_reason == "length" and request.output_token_ids == [EOS] * 5
+
+
+def test_stop_token_ids_stop() -> None:
+    h = harness()
+    h.script = lambda _rid, i: 40 + i
+    request = h.add("A", 4, stop_token_ids=(42,))
+    event = finish_of(h, "A")
+    assert event.finish_reason == "stop" and request.output_token_ids == [40, 41, 42]
+
+
+def test_max_model_len_stops() -> None:
+    h = harness(max_model_len=8)
+    request = h.add("A", 5)
+    event = finish_of(h, "A")
+    assert event.finish_reason == "length" and request.num_tokens == 8
+    assert event.num_prompt_tokens == 5 and event.num_output_tokens == 3
+
+
+def test_every_finished_status_has_a_finish_reason() -> None:
+    finished = [status for status in RequestStatus if status.is_finished]
+    assert sorted(FINISH_REASONS) == finished
+    assert set(FINISH_REASONS.values()) == {"stop", "length", "abort", "error"}
+    assert not any(status.is_finished for status in RequestStatus if status not in finished)
+
+
+# ------------------------------------------------------------------------------ policy
+
+
+def test_priority_policy_orders_admission() -> None:
+    h = harness(policy="priority", max_num_seqs=1)
+    h.add("low", 2, priority=5, max_tokens=1)
+    h.add("high_late", 2, priority=0, max_tokens=1)
+    h.add("mid", 2, priority=1, max_tokens=1)
+    h.add("high_later", 2, priority=0, max_tokens=1)
+    order = []
+    for _ in range(4):
+        out, _ = h.step()
+        order += [c.request_id for c in out.chunks]
+    assert order == ["high_late", "high_later", "mid", "low"]
+
+
+def test_priority_policy_preempts_least_important() -> None:
+    h = harness(num_blocks=3, block_size=4, policy="priority")
+    important = h.add("important", 4, priority=0)
+    background = h.add("background", 4, priority=9)
+    h.add("normal", 4, priority=1)
+    out, _ = h.step()
+    assert [c.request_id for c in out.chunks] == ["important", "normal", "background"]
+    # All three need a second block and none is free. The least important goes first (not
+    # the latest admitted); then "normal", now the tail, preempts itself.
+    out, _ = h.step()
+    assert ran(out) == [("important", 1, 4, True)]
+    assert out.preempted_request_ids == ["background", "normal"]
+    assert important.status == RequestStatus.RUNNING
+    assert background.status == RequestStatus.PREEMPTED
+
+
+def test_fcfs_preempted_requests_return_in_admission_order() -> None:
+    h = harness(num_blocks=3, block_size=4)
+    h.add("A", 4, max_tokens=2)
+    h.add("B", 4)
+    h.add("C", 4)
+    h.step()
+    out, _ = h.step()  # A needs a block, none free: C goes; B, now the tail, preempts itself
+    assert ran(out) == [("A", 1, 4, True)] and out.preempted_request_ids == ["C", "B"]
+    out, _ = h.step()  # A finished; B (admitted before C) returns first, C waits for blocks
+    assert ran(out) == [("B", 1, 4, True)] and out.num_waiting == 1
+    assert out.prefix_cache_hit_tokens == 4  # B's own prompt block was still cached
+
+
+# ------------------------------------------------------------------------------ robustness
+
+
+def test_prompt_larger_than_the_pool_fails_instead_of_livelocking() -> None:
+    h = harness(num_blocks=4, block_size=4, max_num_batched_tokens=8)
+    h.add("big", 20)
+    h.add("small", 3, max_tokens=1)
+    events: list[TokenEvent] = []
+    for _ in range(6):
+        _, step_events = h.step()
+        events += step_events
+    finished = {e.request_id: e for e in events if e.finished}
+    assert finished["big"].finish_reason == "error"
+    assert "holds only 4 blocks of 4 tokens" in (finished["big"].error or "")
+    assert finished["small"].finish_reason == "length"
+    assert_all_blocks_free(h)
+    assert not h.sched.has_unfinished_requests
+
+
+def test_unfittable_waiting_request_fails_in_one_step() -> None:
+    h = harness(num_blocks=2, block_size=4, max_num_batched_tokens=64)
+    h.add("big", 9)
+    out, events = h.step()
+    assert out.is_empty
+    assert [(e.request_id, e.finish_reason) for e in events] == [("big", "error")]
+    assert_all_blocks_free(h)
+
+
+def test_unchunked_prompt_over_budget_fails() -> None:
+    h = harness(max_num_batched_tokens=8, enable_chunked_prefill=False)
+    h.add("long", 9)
+    h.add("ok", 8, max_tokens=1)
+    out, events = h.step()
+    assert ran(out) == [("ok", 8, 0, True)]
+    assert [(e.request_id, e.finish_reason) for e in events] == [
+        ("long", "error"),
+        ("ok", "length"),
+    ]
+    assert "max_num_batched_tokens is 8" in (events[0].error or "")
+
+
+def test_runner_without_a_token_fails_the_request() -> None:
+    h = harness()
+    h.add("A", 4)
+    out = h.sched.schedule()
+    [event] = h.sched.update(out, RunnerOutput())
+    assert event.finish_reason == "error" and "no token" in (event.error or "")
+    assert_all_blocks_free(h)
+
+
+def test_add_request_rejects_bad_requests() -> None:
+    h = harness(max_model_len=8)
+    h.add("A", 4)
+    with pytest.raises(ValueError, match="duplicate"):
+        h.add("A", 4)
+    with pytest.raises(ValueError, match="empty prompt"):
+        h.sched.add_request(make_request("E", 0))
+    with pytest.raises(ValueError, match="no room"):
+        h.sched.add_request(make_request("L", 8))
+
+
+# ------------------------------------------------------------------------------ meter data
+
+
+def test_times_and_logprobs_on_events() -> None:
+    h = harness()
+    request = h.add("A", 4, max_tokens=2)
+    arrival = request.times.arrival
+    out = h.sched.schedule()
+    logprob = TokenLogprobs(token_id=FILLER, logprob=-0.5)
+    runner = RunnerOutput(sampled_token_ids={"A": FILLER}, logprobs={"A": logprob})
+    h.clock.now = 200.0
+    [first] = h.sched.update(out, runner)
+    assert first.logprobs == [logprob]
+    assert first.produced_at == 200.0 and first.previous_token_at is None
+    assert request.times.first_scheduled == arrival + 0.001
+    h.clock.now = 201.5
+    out = h.sched.schedule()
+    [last] = h.sched.update(out, h.run(out))
+    assert last.produced_at == 201.5 and last.previous_token_at == 200.0 and last.logprobs == []
+    assert last.times is request.times and last.cost is request.cost
+    assert (last.times.first_token, last.times.last_token, last.times.finished) == (
+        200.0,
+        201.5,
+        201.5,
+    )
+
+
+# ------------------------------------------------------------------------------ stress
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("chunked", [True, False])
+def test_random_workload_always_drains(policy: str, chunked: bool) -> None:
+    """A tiny pool, shared prefixes, random aborts: every request ends, within a bounded number
+    of steps, and the pool is whole again. Invariants are checked after every call."""
+    rng = random.Random(1234)
+    h = harness(
+        num_blocks=12,
+        block_size=4,
+        max_num_batched_tokens=16,
+        max_num_seqs=5,
+        policy=policy,
+        enable_chunked_prefill=chunked,
+    )
+    h.script = lambda _rid, _i: EOS if rng.random() < 0.05 else FILLER
+    prefixes = [[rng.randrange(3, 50) for _ in range(8)] for _ in range(3)]
+    num_requests, ended = 40, set()
+    for i in range(num_requests):
+        tail = [rng.randrange(3, 50) for _ in range(rng.randrange(1, 9))]
+        tokens = rng.choice(prefixes)[: rng.randrange(0, 9)] + tail
+        h.add(f"r{i}", 0, tokens=tokens, priority=rng.randrange(3), max_tokens=rng.randrange(1, 20))
+    for _ in range(1000):
+        if not h.sched.has_unfinished_requests:
+            break
+        if rng.random() < 0.05:
+            victim = f"r{rng.randrange(num_requests)}"
+            event = h.sched.abort_request(victim)
+            h.kv.check_invariants()
+            if event is not None:
+                ended.add(victim)
+        _, events = h.step()
+        ended.update(e.request_id for e in events if e.finished)
+        assert h.sched.num_running <= 5
+    assert ended == {f"r{i}" for i in range(num_requests)}
+    assert_all_blocks_free(h)
+    # The workload did exercise preemption and prefix hits.
+    assert h.sched.num_preemptions_total > 0 and h.kv.prefix_cache_hit_tokens > 0
