@@ -68,14 +68,21 @@ class ForwardBatch:
     sample_rows: torch.Tensor
 
 
-def to_tensors(lists: BatchLists, block_size: int) -> ForwardBatch:
-    """The one place the step's lists become tensors (plus the decode gather index)."""
-    gather, mask = _decode_gather(lists.spans[: lists.num_decodes], block_size)
+def to_tensors(lists: BatchLists, block_size: int, dtype: torch.dtype = torch.float32) -> ForwardBatch:
+    """The one place the step's lists become tensors (plus the decode gather index).
+
+    The decode mask is additive (0 or -inf, in the model's dtype), built once per step rather
+    than converted from a boolean mask in every layer.
+    """
+    block_tables, visible = _decode_gather(lists.spans[: lists.num_decodes], block_size)
+    mask = None
+    if visible is not None:
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(lists.slot_mapping, dtype=torch.long),
         chunks=lists.spans,
         num_decodes=lists.num_decodes,
-        decode_gather_slots=gather,
+        decode_block_tables=block_tables,
         decode_mask=mask,
         block_size=block_size,
     )
@@ -88,14 +95,16 @@ def to_tensors(lists: BatchLists, block_size: int) -> ForwardBatch:
 
 
 def _decode_gather(spans: list[ChunkSpan], block_size: int):
-    """Slots of every decode's context, padded to the longest: [decodes, max_context]."""
+    """Block ids of every decode's context, padded to the longest table: [decodes, max_blocks].
+
+    The mask covers max_blocks * block_size key positions; position j of decode i is visible
+    when j < context_len_i (padding blocks point at block 0 and are masked out).
+    """
     if not spans:
         return None, None
     max_blocks = max(len(s.block_table) for s in spans)
     tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in spans])
     context_lens = torch.tensor([s.context_len for s in spans])
-    max_context = int(context_lens.max())
-    positions = torch.arange(max_context)
-    slots = tables[:, positions // block_size] * block_size + positions % block_size
+    positions = torch.arange(max_blocks * block_size)
     mask = positions[None, :] < context_lens[:, None]
-    return slots.masked_fill(~mask, 0), mask[:, None, None, :]
+    return tables, mask[:, None, None, :]

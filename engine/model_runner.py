@@ -94,7 +94,7 @@ class ModelRunner:
             return result
         self._maybe_inject_fault(output)
         lists = build_lists(output.chunks, self.block_size)
-        batch = to_tensors(lists, self.block_size)
+        batch = to_tensors(lists, self.block_size, self.dtype)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
         sampling_chunks = [c for c in output.chunks if c.samples]
         if not sampling_chunks:

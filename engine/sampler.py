@@ -31,7 +31,8 @@ class Sampler:
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(chunks), vocab] float32, row i belongs to chunks[i]."""
         if not any(_needs_processing(c) for c in chunks):
-            return logits.argmax(dim=-1).tolist(), [None] * len(chunks)
+            # max(...).indices: same first-maximum rule as argmax, measurably faster on CPU.
+            return logits.max(dim=-1).indices.tolist(), [None] * len(chunks)
         logits = logits.clone()
         for row, chunk in enumerate(chunks):
             _apply_logit_processors(logits[row], chunk)

@@ -39,9 +39,8 @@ class BatchedAttention:
 
     @staticmethod
     def _decode(query, key_cache, value_cache, meta, scale) -> torch.Tensor:
-        # [decodes, max_context, kv_heads, dim] -> [decodes, kv_heads, max_context, dim]
-        keys = key_cache[meta.decode_gather_slots].transpose(1, 2)
-        values = value_cache[meta.decode_gather_slots].transpose(1, 2)
+        keys = _gather_blocks(key_cache, meta.decode_block_tables, meta.block_size)
+        values = _gather_blocks(value_cache, meta.decode_block_tables, meta.block_size)
         q = query.unsqueeze(2)  # [decodes, heads, 1, dim]
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
@@ -70,3 +69,15 @@ class BatchedAttention:
             enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)
+
+
+def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[slots, kv_heads, dim] cache -> [decodes, kv_heads, max_blocks * block_size, dim].
+
+    Copies whole blocks (block_size contiguous rows each) with one index_select: several
+    times faster than gathering slot by slot.
+    """
+    num_decodes, max_blocks = block_tables.shape
+    blocks = cache.view(-1, block_size, *cache.shape[1:])
+    gathered = blocks.index_select(0, block_tables.reshape(-1))
+    return gathered.view(num_decodes, max_blocks * block_size, *cache.shape[1:]).transpose(1, 2)

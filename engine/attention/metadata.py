@@ -31,13 +31,14 @@ class AttentionMetadata:
     """Per-step attention inputs shared by all layers.
 
     Decode chunks come first: batch rows [0, num_decodes) are one token each.
-    decode_gather_slots[i, j] is the cache slot of request i's j-th context token (padded with
-    slot 0 where j >= decode_context_lens[i]; decode_mask hides the padding).
+    decode_block_tables[i] is decode i's block table padded with block 0 to the longest one;
+    decode_mask[i, 0, 0, j] is 0 where key position j (< max_blocks * block_size) is real and
+    -inf on padding (an additive mask).
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot each new token's K/V goes to
     chunks: list[ChunkSpan]
     num_decodes: int
-    decode_gather_slots: torch.Tensor | None  # [num_decodes, max_context] int64
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] additive
     block_size: int

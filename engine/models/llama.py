@@ -73,13 +73,18 @@ class Attention(nn.Module):
 
     def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata):
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size, _ = self.split_sizes
+        if self.q_norm is None:
+            # q and k are adjacent in qkv: rotate them as one [tokens, heads + kv_heads, dim].
+            qk = qkv[:, : q_size + kv_size].view(num_tokens, -1, self.head_dim)
+            qk = apply_rotary(qk, cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        else:
+            q = self.q_norm(qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, q_size : q_size + kv_size].view(num_tokens, -1, self.head_dim))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
 
