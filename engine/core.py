@@ -123,8 +123,12 @@ class EngineCore:
         started = time.monotonic()
         output = self.scheduler.schedule()
         if output.is_empty:
-            # Requests failed inside schedule() hand their final events over through update().
-            return StepResult(self.scheduler.update(output, RunnerOutput()))
+            # Requests failed inside schedule() hand their final events over through update(),
+            # and prefix lookups / preemptions made while scheduling nothing still count.
+            events = self.scheduler.update(output, RunnerOutput())
+            counted = output.prefix_cache_queried_tokens or output.num_preemptions
+            stats = self._stats(output, _NO_COST, started, 0.0, 0.0, _NO_EXECUTION) if counted else None
+            return StepResult(events, stats)
         executed = self._execute(output)
         duration = time.monotonic() - started
         cost = self.cost_model.step_cost([_chunk_work(c) for c in output.chunks])
@@ -223,6 +227,10 @@ class EngineCore:
 
     def check_invariants(self) -> None:
         self.kv_cache.check_invariants()
+
+
+_NO_COST = StepCost(0.0, 0.0, 0.0, 0.0, [], [])
+_NO_EXECUTION = ExecuteResult(RunnerOutput(), {}, 0)
 
 
 def _chunk_work(chunk) -> ChunkWork:

@@ -1,0 +1,74 @@
+"""The serving benchmark: exact 128-token prompts, per-level arithmetic, and one short run
+of the command against the real server whose last line is the JSON result."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from loadtest_server import REPO, Server
+
+from loadtest.serving_bench import BenchConfig, build_body, level_result, make_prompts
+from loadtest.sse import StreamTiming
+from loadtest.text import TextSource, load_tokenizer
+
+
+def test_prompts_are_distinct_and_exactly_128_tokens() -> None:
+    source = TextSource(load_tokenizer("default"))
+    prompts = make_prompts(source, 64, 128)
+    assert len(set(prompts)) == 64
+    assert {source.count_tokens(p) for p in prompts} == {128}
+
+
+def test_body_asks_for_exactly_max_tokens_on_both_endpoints() -> None:
+    cfg = BenchConfig(base_url="http://x", model="m", output_tokens=128)
+    body = build_body(cfg, "hello")
+    assert body["prompt"] == "hello" and body["max_tokens"] == body["n_predict"] == 128
+    assert body["ignore_eos"] is True and body["stream_options"] == {"include_usage": True}
+    chat = build_body(BenchConfig(base_url="http://x", model="m", endpoint="chat"), "hi")
+    assert chat["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in chat
+
+
+def finished(sent: float, chunk_times: list[float], tokens: int) -> StreamTiming:
+    t = StreamTiming(sent_at=sent)
+    for now in chunk_times:
+        t.feed('data: {"choices":[{"text":"x"}]}', now)
+    t.feed(
+        f'data: {{"choices":[],"usage":{{"prompt_tokens":128,"completion_tokens":{tokens}}}}}', 0
+    )
+    t.feed("data: [DONE]", 0)
+    t.finish(chunk_times[-1])
+    return t
+
+
+def test_level_result_arithmetic() -> None:
+    cfg = BenchConfig(base_url="http://x", model="m", output_tokens=4)
+    ok = finished(0.0, [0.5, 0.6, 0.7, 0.8], 4)
+    short = finished(0.0, [1.0, 1.2], 2)
+    failed = StreamTiming(sent_at=0.0, error="HTTP 429: full")
+    r = level_result(cfg, 2, [ok, short, failed], wall_s=2.0)
+    assert (r.requests, r.failed, r.short_completions, r.output_tokens) == (3, 1, 1, 6)
+    assert r.output_tokens_per_s == 3.0 and r.mean_prompt_tokens == 128
+    assert r.ttft_s["p50"] == pytest.approx(0.75) and r.itl_s["count"] == 4
+    assert r.errors == {"stream error: HTTP 429: full": 1}
+
+
+def test_bench_command_against_the_real_server(main_server: Server) -> None:
+    command = [sys.executable, "-m", "loadtest.serving_bench", "--base-url",
+               main_server.base_url, "--concurrency", "1,2", "--num-requests", "2",
+               "--output-tokens", "4", "--label", "meterserve"]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["label"] == "meterserve" and result["prompt_tokens"] == 128
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    for level in result["levels"]:
+        assert level["failed"] == 0 and level["short_completions"] == 0
+        assert level["output_tokens"] == 4 * level["requests"] == 8
+        assert level["mean_prompt_tokens"] == 128  # exact prompts, as the server counted them
+        assert level["output_tokens_per_s"] > 0 and level["ttft_s"]["p50"] > 0
+        assert level["itl_s"]["count"] > 0
