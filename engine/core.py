@@ -179,7 +179,8 @@ class EngineCore:
                 request.cost.prefill_seconds += seconds
                 request.cost.prefill_flops += flops
                 request.cost.prefill_bytes += nbytes
-        return prefill_seconds
+        # Rounding must never make the decode share (duration - prefill) negative.
+        return min(prefill_seconds, duration)
 
     def _stats(self, output, cost, started, duration, prefill_seconds, executed) -> StepStats:
         return StepStats(
@@ -200,7 +201,7 @@ class EngineCore:
             prefill_bytes=cost.prefill_bytes,
             decode_bytes=cost.decode_bytes,
             prefill_seconds=prefill_seconds,
-            decode_seconds=duration - prefill_seconds,
+            decode_seconds=max(0.0, duration - prefill_seconds),
             num_forward_passes=executed.num_forward_passes,
         )
 

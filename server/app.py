@@ -1,0 +1,89 @@
+"""create_app(settings): the FastAPI application, its lifespan and its routers.
+
+The lifespan starts the engine thread, which loads the model in the background: the HTTP
+server is up at once and /health answers 503 until the model is ready. Shutdown stops the
+engine thread after ending whatever is still in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from server.auth import require_api_key
+from server.engine_client import EngineClient
+from server.errors import OpenAIError, install_error_handlers
+from server.routes import chat, completions, debug, health, models, tokenize, version
+from server.routes import metrics as metrics_routes
+from server.routes.version import package_version
+from server.settings import Settings
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client: EngineClient = app.state.engine_client
+        client.start()
+        try:
+            yield
+        finally:
+            await client.shutdown()
+
+    app = FastAPI(title="meterserve", version=package_version(), lifespan=lifespan)
+    client = EngineClient(
+        settings.engine,
+        max_waiting_requests=settings.max_waiting_requests,
+        max_queued_tokens=settings.max_queued_tokens,
+        request_timeout=settings.request_timeout,
+        metrics_factory=lambda core: build_metrics(settings, core),
+    )
+    app.state.settings = settings
+    app.state.started_at = int(time.time())
+    app.state.engine_client = client
+    app.state.metrics = None  # a ServerMetrics once the engine has loaded
+
+    def on_ready() -> None:
+        app.state.metrics = client.metrics
+
+    def observe_error(error: OpenAIError) -> None:
+        reason = _rejection_reason(error)
+        if reason is not None:
+            client.observe_rejection(reason)
+
+    client.on_ready = on_ready
+    app.state.observe_error = observe_error
+    install_error_handlers(app)
+    # Probes and Prometheus reach these without a key.
+    app.include_router(health.router)
+    app.include_router(metrics_routes.router)
+    protected = [Depends(require_api_key)]
+    for module in (completions, chat, models, tokenize, version, debug):
+        app.include_router(module.router, dependencies=protected)
+    return app
+
+
+def build_metrics(settings: Settings, core: Any) -> Any:
+    """The ServerMetrics for a loaded engine (runs on the engine thread, during load)."""
+    from server.metrics import ServerMetrics
+
+    return ServerMetrics(
+        settings.meter,
+        settings.served_model_name or core.model_name,
+        core.kv_cache_info,
+        core.runner.num_params,
+        core.runner.dtype_bytes,
+        max_num_seqs=settings.engine.max_num_seqs,
+    )
+
+
+def _rejection_reason(error: OpenAIError) -> str | None:
+    # 429, 503 and timeouts are counted where they are raised (the engine client).
+    if error.status == 400 and error.code == "context_length_exceeded":
+        return "context_length"
+    if error.status in (400, 404, 413, 422):
+        return "invalid_request"
+    return None

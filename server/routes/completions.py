@@ -1,0 +1,213 @@
+"""POST /v1/completions: prompt (string, strings, token ids) in, text out, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from scheduler.output import TokenLogprobs
+from server.body import parse_request
+from server.detokenizer import TokenTexts
+from server.engine_client import EngineClient, EngineRequestSpec
+from server.errors import bad_request
+from server.generation import ClientDisconnected, Generation, until_disconnected
+from server.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    dump,
+)
+from server.routes.deps import (
+    get_settings,
+    new_id,
+    ready_client,
+    served_model_names,
+    token_texts,
+    unix_time,
+)
+from server.sampling import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    build_sampling_params,
+    check_model,
+    check_stop_strings,
+    check_token_ids,
+    resolve_max_tokens,
+)
+from server.streaming import SSEResponse, sse_event
+
+router = APIRouter()
+
+MAX_PROMPTS = 64  # prompts in one batched completions request
+
+
+@router.post("/v1/completions", response_model=CompletionResponse)
+async def create_completion(request: Request) -> Response:
+    body = await parse_request(
+        request, CompletionRequest, get_settings(request).max_request_body_bytes
+    )
+    client = ready_client(request)
+    model = check_model(body.model, served_model_names(request))
+    if body.echo and body.logprobs is not None:
+        raise bad_request("echo together with logprobs is not supported", param="echo")
+    if body.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    stop = check_stop_strings(body.stop_strings)
+    prompts = tokenize_prompts(body.prompt, client)
+    request_id = new_id("cmpl")
+    specs: list[EngineRequestSpec] = []
+    for p_index, prompt in enumerate(prompts):
+        max_tokens = resolve_max_tokens(
+            body.max_tokens,
+            len(prompt),
+            client.max_request_tokens,
+            COMPLETIONS_DEFAULT_MAX_TOKENS,
+            "prompt",
+        )
+        for j in range(body.n):
+            params = build_sampling_params(
+                body,
+                max_tokens=max_tokens,
+                logprobs=body.logprobs,
+                vocab_size=client.vocab_size,
+                choice_index=j,
+            )
+            specs.append(EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params))
+    group = client.submit(specs)
+    generation = Generation(client, group, prompts, body.n, stop)
+    echo_texts = (
+        [_echo_text(body.prompt, prompts, i, client) for i in range(len(prompts))]
+        if body.echo
+        else None
+    )
+    stream = _Stream(request_id, model, generation, token_texts(request), echo_texts, body.logprobs)
+    if body.stream:
+        return SSEResponse(stream.events(body.include_usage), lambda: client.release(group))
+    try:
+        await until_disconnected(request, generation.run())
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        client.release(group)
+    return JSONResponse(dump(stream.response()))
+
+
+def tokenize_prompts(prompt: str | list, client: EngineClient) -> list[list[int]]:
+    """The request's prompts as token ids (a list of token ids is one prompt)."""
+    if isinstance(prompt, str):
+        prompts = [client.tokenizer.encode(prompt)]
+    elif not prompt:
+        raise bad_request("prompt must not be empty", param="prompt")
+    elif isinstance(prompt[0], str):
+        prompts = [client.tokenizer.encode(p) for p in prompt]
+    elif isinstance(prompt[0], int):
+        prompts = [list(prompt)]
+    else:
+        prompts = [list(p) for p in prompt]
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    for ids in prompts:
+        if not ids:
+            raise bad_request("prompt must not be empty", param="prompt")
+        check_token_ids(ids, client.vocab_size, "prompt")
+    return prompts
+
+
+def _echo_text(
+    prompt: str | list, prompts: list[list[int]], index: int, client: EngineClient
+) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return prompt[index]
+    return client.tokenizer.decode(prompts[index])
+
+
+class _Stream:
+    """Builds the completions chunks and the final response from one Generation."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        generation: Generation,
+        texts: TokenTexts,
+        echo_texts: list[str] | None,
+        num_logprobs: int | None,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.generation = generation
+        self.texts = texts
+        self.echo_texts = echo_texts
+        self.num_logprobs = num_logprobs
+        self.created = unix_time()
+
+    def _echo(self, index: int) -> str:
+        return self.echo_texts[index // self.generation.n] if self.echo_texts else ""
+
+    async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        if self.echo_texts:
+            for state in self.generation.choices:
+                echo = CompletionChoice(index=state.index, text=self._echo(state.index))
+                yield sse_event(self._chunk([echo]))
+        async for update in self.generation.updates():
+            logprobs = None
+            if self.num_logprobs is not None:
+                offsets = [o + len(self._echo(update.index)) for o in update.text_offsets]
+                logprobs = self._logprobs(update.logprobs, offsets)
+            choice = CompletionChoice(
+                index=update.index,
+                text=update.text,
+                logprobs=logprobs,
+                finish_reason=update.finish_reason,
+            )
+            yield sse_event(self._chunk([choice]))
+        if include_usage:
+            final = self._chunk([])
+            final.usage = self.generation.usage()
+            yield sse_event(final)
+
+    def _chunk(self, choices: list[CompletionChoice]) -> CompletionResponse:
+        return CompletionResponse(
+            id=self.request_id, created=self.created, model=self.model, choices=choices
+        )
+
+    def response(self) -> CompletionResponse:
+        choices = []
+        for choice in self.generation.choices:
+            echo = self._echo(choice.index)
+            logprobs = None
+            if self.num_logprobs is not None:
+                logprobs = self._logprobs(
+                    choice.logprobs, [o + len(echo) for o in choice.text_offsets]
+                )
+            choices.append(
+                CompletionChoice(
+                    index=choice.index,
+                    text=echo + choice.detokenizer.text,
+                    logprobs=logprobs,
+                    finish_reason=choice.finish_reason,
+                )
+            )
+        return CompletionResponse(
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=self.generation.usage(),
+        )
+
+    def _logprobs(self, entries: list[TokenLogprobs], offsets: list[int]) -> CompletionLogprobs:
+        texts = self.texts
+        return CompletionLogprobs(
+            tokens=[texts.text(e.token_id) for e in entries],
+            token_logprobs=[e.logprob for e in entries],
+            top_logprobs=[
+                {texts.text(t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs, strict=False)}
+                for e in entries
+            ],
+            text_offset=offsets,
+        )

@@ -1,0 +1,26 @@
+"""GET /v1/models: the model ids this server answers to."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from server.protocol import ModelCard, ModelList, dump
+from server.routes.deps import get_client, served_model_names
+
+router = APIRouter()
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request) -> dict:
+    client = get_client(request)
+    created = request.app.state.started_at
+    cards = [
+        ModelCard(
+            id=name,
+            created=created,
+            root=client.model_name or None,
+            max_model_len=client.max_model_len or None,
+        )
+        for name in served_model_names(request)
+    ]
+    return dump(ModelList(data=cards))

@@ -1,0 +1,43 @@
+"""POST /tokenize and POST /detokenize (vLLM's extension endpoints) with the served tokenizer."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from server.body import parse_request
+from server.errors import bad_request
+from server.protocol import DetokenizeRequest, TokenizeRequest
+from server.routes.chat import apply_chat_template
+from server.routes.deps import get_settings, ready_client, served_model_names
+from server.sampling import check_model, check_token_ids
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict:
+    body = await parse_request(
+        request, TokenizeRequest, get_settings(request).max_request_body_bytes
+    )
+    client = ready_client(request)
+    check_model(body.model, served_model_names(request))
+    if (body.prompt is None) == (body.messages is None):
+        raise bad_request("give exactly one of prompt or messages", param="prompt")
+    if body.messages is not None:
+        if not body.messages:
+            raise bad_request("messages must not be empty", param="messages")
+        tokens = apply_chat_template(client, body.messages, body.add_generation_prompt)
+    else:
+        tokens = client.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    return {"count": len(tokens), "max_model_len": client.max_model_len, "tokens": tokens}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict:
+    body = await parse_request(
+        request, DetokenizeRequest, get_settings(request).max_request_body_bytes
+    )
+    client = ready_client(request)
+    check_model(body.model, served_model_names(request))
+    check_token_ids(body.tokens, client.vocab_size, "tokens")
+    return {"prompt": client.tokenizer.decode(body.tokens)}

@@ -1,0 +1,275 @@
+"""Settings: everything `meterserve serve` is configured with, built once and frozen.
+
+Every flag can also come from the environment as METERSERVE_<FLAG> (dashes to underscores,
+upper case: --max-num-seqs -> METERSERVE_MAX_NUM_SEQS). A flag on the command line wins over
+the environment, which wins over the default. Flag names follow vLLM's where vLLM has the
+same knob (--dtype, --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size,
+--api-key, --served-model-name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import EngineConfig
+from server.meter_config import MeterConfig
+
+ENV_PREFIX = "METERSERVE_"
+
+# Meter flag dest -> MeterConfig field; unset flags keep MeterConfig's own defaults.
+_METER_FIELDS = {
+    "hardware_price_per_hour": "hardware_price_per_hour",
+    "price_per_million_input_tokens": "price_per_million_input_tokens",
+    "price_per_million_output_tokens": "price_per_million_output_tokens",
+    "peak_flops": "peak_flops",
+    "peak_memory_bandwidth": "peak_memory_bandwidth",
+    "slo_ttft": "slo_ttft_seconds",
+    "slo_itl": "slo_itl_seconds",
+    "cost_ceiling_per_million_output_tokens": "cost_ceiling_per_million_output_tokens",
+}
+
+_ENGINE_FIELDS = (
+    "model",
+    "dtype",
+    "max_model_len",
+    "block_size",
+    "kv_cache_bytes",
+    "kv_cache_memory_fraction",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "scheduling_policy",
+    "attention_backend",
+    "num_threads",
+    "debug_fault_token_id",
+)
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has a bad value; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The HTTP edge's own knobs plus the engine's and the meter's frozen configs."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()  # empty = no authentication
+    served_model_name: str | None = None  # None = the model's own name
+    max_waiting_requests: int = 256  # engine requests accepted but without a first token yet
+    max_queued_tokens: int = 262_144  # prompt tokens of those requests
+    request_timeout: float | None = 600.0  # seconds from arrival to the last token; None = none
+    drain_grace_period: float = 30.0  # seconds in-flight requests get after SIGTERM
+    max_request_body_bytes: int = 4 * 2**20
+    log_level: str = "info"
+    access_log: bool = False
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    meter: MeterConfig = field(default_factory=MeterConfig)
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
+        parser = build_parser()
+        apply_env_defaults(parser, os.environ if environ is None else environ)
+        return cls.from_namespace(parser.parse_args(list(argv)))
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> Settings:
+        try:
+            engine = EngineConfig(**{name: getattr(ns, name) for name in _ENGINE_FIELDS})
+            meter_kwargs = {
+                target: getattr(ns, dest)
+                for dest, target in _METER_FIELDS.items()
+                if getattr(ns, dest) is not None
+            }
+            meter = MeterConfig(**meter_kwargs)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from exc
+        _require(ns.port >= 0, "--port must be >= 0")
+        _require(ns.max_waiting_requests >= 1, "--max-waiting-requests must be >= 1")
+        _require(ns.max_queued_tokens >= 1, "--max-queued-tokens must be >= 1")
+        _require(ns.drain_grace_period >= 0, "--drain-grace-period must be >= 0")
+        _require(ns.max_request_body_bytes >= 1024, "--max-request-body-bytes must be >= 1024")
+        return cls(
+            host=ns.host,
+            port=ns.port,
+            api_keys=tuple(key for key in ns.api_key or () if key),
+            served_model_name=ns.served_model_name,
+            max_waiting_requests=ns.max_waiting_requests,
+            max_queued_tokens=ns.max_queued_tokens,
+            request_timeout=ns.request_timeout if ns.request_timeout else None,
+            drain_grace_period=ns.drain_grace_period,
+            max_request_body_bytes=ns.max_request_body_bytes,
+            log_level=ns.log_level,
+            access_log=ns.access_log,
+            engine=engine,
+            meter=meter,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="meterserve serve",
+        description="Serve a model over an OpenAI-compatible HTTP API. "
+        f"Every flag may also be set as an environment variable {ENV_PREFIX}<FLAG>.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default' (embedded SmolLM2-135M-Instruct "
+        "GGUF), a Hugging Face model directory, or a .gguf file",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="model id clients use")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (repeat for several keys; "
+        "the environment variable takes a comma-separated list)",
+    )
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=128, help="cap on the running batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=parse_bytes,
+        default=None,
+        help="KV-cache budget, e.g. 512MiB (wins over the fraction)",
+    )
+    p.add_argument(
+        "--kv-cache-memory-fraction",
+        type=float,
+        default=0.1,
+        help="KV-cache budget as a fraction of available memory",
+    )
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--attention-backend", choices=["auto", "reference", "batched"], default="auto")
+    p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=256,
+        help="queued requests (no first token yet) beyond which requests get 429",
+    )
+    p.add_argument(
+        "--max-queued-tokens",
+        type=int,
+        default=262_144,
+        help="queued prompt tokens beyond which requests get 429",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a request may take in total; 0 disables",
+    )
+    p.add_argument(
+        "--drain-grace-period",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGTERM",
+    )
+    p.add_argument("--max-request-body-bytes", type=parse_bytes, default=4 * 2**20)
+    p.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
+    _add_meter_flags(p)
+    # Testing aid: a step containing this token id fails inside the model runner.
+    p.add_argument("--debug-fault-token-id", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _add_meter_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("meter", "prices, hardware peaks and latency objectives")
+    g.add_argument(
+        "--hardware-price-per-hour",
+        type=float,
+        default=None,
+        help="USD per hour of this replica's hardware",
+    )
+    g.add_argument("--price-per-million-input-tokens", type=float, default=None)
+    g.add_argument("--price-per-million-output-tokens", type=float, default=None)
+    g.add_argument("--cost-ceiling-per-million-output-tokens", type=float, default=None)
+    g.add_argument("--peak-flops", type=float, default=None, help="FLOP/s; unset = measured")
+    g.add_argument(
+        "--peak-memory-bandwidth", type=float, default=None, help="bytes/s; unset = measured"
+    )
+    g.add_argument("--slo-ttft", type=float, default=None, help="seconds to first token")
+    g.add_argument("--slo-itl", type=float, default=None, help="seconds between tokens")
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Turn METERSERVE_<FLAG> variables into parser defaults (so the command line still wins)."""
+    defaults: dict[str, Any] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        name = ENV_PREFIX + action.dest.upper()
+        if name not in environ:
+            continue
+        defaults[action.dest] = _env_value(action, name, environ[name])
+    parser.set_defaults(**defaults)
+
+
+def _env_value(action: argparse.Action, name: str, raw: str) -> Any:
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return parse_bool(raw, name)
+    if isinstance(action, argparse._AppendAction):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if raw == "" and action.default is None:
+        return None
+    try:
+        value = action.type(raw) if action.type else raw
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name}={raw!r}: {exc}") from exc
+    if action.choices is not None and value not in action.choices:
+        raise SettingsError(f"{name}={raw!r}: choose from {', '.join(map(str, action.choices))}")
+    return value
+
+
+def parse_bool(raw: str, name: str = "value") -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r}: expected true/false")
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
+
+
+def parse_bytes(raw: str) -> int:
+    """'4096', '512MiB', '2G', '1.5GiB' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", raw.lower())
+    if match is None:
+        raise ValueError(f"not a byte size: {raw!r} (examples: 4096, 512MiB, 2G)")
+    number, unit = match.groups()
+    return int(float(number) * _BYTE_UNITS[unit or ""])
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise SettingsError(message)

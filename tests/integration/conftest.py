@@ -1,0 +1,43 @@
+"""Fixtures: the shared real server and clients for it (see serverproc.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from serverproc import API_KEY, FAULT_TOKEN_ID, ServerProcess
+
+
+@pytest.fixture(scope="session")
+def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server-logs")
+
+
+@pytest.fixture(scope="session")
+def main_server(server_logs: Path) -> Iterator[ServerProcess]:
+    """The shared server: API key required, fault injection armed, defaults otherwise."""
+    server = ServerProcess(
+        "main",
+        ["--api-key", API_KEY, "--debug-fault-token-id", str(FAULT_TOKEN_ID)],
+        server_logs,
+    )
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def openai_client(main_server: ServerProcess) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=main_server.base_url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture
+async def http(main_server: ServerProcess):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=main_server.base_url, headers=headers, timeout=120) as c:
+        yield c

@@ -1,0 +1,108 @@
+"""Settings from flags and METERSERVE_* variables; the CLI's dispatch; API-key matching."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.auth import key_matches
+from server.cli import main
+from server.meter_config import MeterConfig
+from server.settings import Settings, SettingsError, parse_bytes
+
+
+def test_defaults():
+    settings = Settings.from_args([], environ={})
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+    assert settings.api_keys == ()
+    assert settings.engine.model == "default" and settings.engine.enable_prefix_caching
+    assert settings.meter == MeterConfig()
+
+
+def test_vllm_style_flags_build_engine_and_meter_configs():
+    settings = Settings.from_args(
+        [
+            "--model", "/models/x", "--port", "9001", "--dtype", "float32",
+            "--max-model-len", "4096", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+            "--block-size", "32", "--kv-cache-bytes", "512MiB", "--no-enable-prefix-caching",
+            "--api-key", "a", "--api-key", "b", "--served-model-name", "smol",
+            "--max-waiting-requests", "7", "--max-queued-tokens", "999",
+            "--request-timeout", "0", "--drain-grace-period", "3",
+            "--hardware-price-per-hour", "2.5", "--peak-flops", "1e12", "--slo-ttft", "0.5",
+            "--slo-itl", "0.05", "--debug-fault-token-id", "13",
+        ],
+        environ={},
+    )  # fmt: skip
+    engine = settings.engine
+    assert engine.model == "/models/x" and engine.dtype == "float32"
+    assert (engine.max_model_len, engine.max_num_seqs, engine.max_num_batched_tokens) == (
+        4096, 8, 512,
+    )  # fmt: skip
+    assert engine.block_size == 32 and engine.kv_cache_bytes == 512 * 2**20
+    assert not engine.enable_prefix_caching and engine.debug_fault_token_id == 13
+    assert settings.api_keys == ("a", "b") and settings.served_model_name == "smol"
+    assert (settings.max_waiting_requests, settings.max_queued_tokens) == (7, 999)
+    assert settings.request_timeout is None and settings.drain_grace_period == 3
+    meter = settings.meter
+    assert meter.hardware_price_per_hour == 2.5 and meter.peak_flops == 1e12
+    assert (meter.slo_ttft_seconds, meter.slo_itl_seconds) == (0.5, 0.05)
+    assert meter.price_per_million_input_tokens == MeterConfig().price_per_million_input_tokens
+
+
+def test_environment_and_command_line_precedence():
+    env = {
+        "METERSERVE_PORT": "7000",
+        "METERSERVE_MAX_NUM_SEQS": "4",
+        "METERSERVE_ENABLE_PREFIX_CACHING": "false",
+        "METERSERVE_API_KEY": "k1, k2",
+        "METERSERVE_KV_CACHE_BYTES": "1GiB",
+        "METERSERVE_HARDWARE_PRICE_PER_HOUR": "1.25",
+        "UNRELATED": "x",
+    }
+    settings = Settings.from_args(["--max-num-seqs", "16"], environ=env)
+    assert settings.port == 7000  # from the environment
+    assert settings.engine.max_num_seqs == 16  # the command line wins
+    assert not settings.engine.enable_prefix_caching
+    assert settings.api_keys == ("k1", "k2")
+    assert settings.engine.kv_cache_bytes == 2**30
+    assert settings.meter.hardware_price_per_hour == 1.25
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"METERSERVE_PORT": "eighty"}, "METERSERVE_PORT"),
+        ({"METERSERVE_DTYPE": "int3"}, "METERSERVE_DTYPE"),
+        ({"METERSERVE_ENABLE_PREFIX_CACHING": "maybe"}, "METERSERVE_ENABLE_PREFIX_CACHING"),
+        ({"METERSERVE_BLOCK_SIZE": "12"}, "power of two"),
+        ({"METERSERVE_HARDWARE_PRICE_PER_HOUR": "-1"}, "hardware_price_per_hour"),
+        ({"METERSERVE_MAX_WAITING_REQUESTS": "0"}, "--max-waiting-requests"),
+    ],
+)
+def test_bad_values_name_their_source(env, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_args([], environ=env)
+
+
+def test_parse_bytes():
+    assert parse_bytes("4096") == 4096
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("2G") == 2 * 10**9
+    assert parse_bytes("1.5GiB") == int(1.5 * 2**30)
+    with pytest.raises(ValueError):
+        parse_bytes("lots")
+
+
+def test_cli_usage_and_unknown_command(capsys):
+    assert main(["--help"]) == 0
+    assert "serve" in capsys.readouterr().out
+    assert main(["frobnicate"]) == 2
+    assert main([]) == 2
+    assert main(["serve", "--port", "-1"]) == 2
+
+
+def test_api_key_matching():
+    assert key_matches("secret", ("other", "secret"))
+    assert not key_matches("secre", ("secret",))
+    assert not key_matches("", ("secret",))
+    assert not key_matches("secret", ())
+    assert key_matches("ключ", ("ключ",))
