@@ -110,6 +110,11 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
     return LoadedCheckpoint(config, tokenizer, state_dict, name=name, source=source)
 
 
+# longrope switches factors with the sequence length (short vs long), which a paged cache
+# shared across lengths cannot reproduce exactly; refuse it rather than serve wrong tokens.
+UNSUPPORTED_ROPE_TYPES = ("longrope",)
+
+
 def check_supported(config: object) -> None:
     # GGUF-derived configs carry no `architectures`; model_type is always there.
     model_type = getattr(config, "model_type", None)
@@ -117,6 +122,9 @@ def check_supported(config: object) -> None:
         raise ModelLoadError(
             f"unsupported model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type in UNSUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(f"unsupported RoPE scaling type {rope_type!r}")
 
 
 def _gguf_cache_dir(path: Path) -> Path:

@@ -116,8 +116,9 @@ def _filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        outside = sorted_probs.cumsum(0) - sorted_probs > params.top_p
+        # Keep the smallest prefix whose mass reaches top_p: a token is out once the mass
+        # before it already reaches top_p (the first token always stays: top_p > 0).
+        outside = sorted_probs.cumsum(0) - sorted_probs >= params.top_p
         probs = probs.clone()
         probs[order[outside]] = 0.0
     if params.min_p > 0.0:

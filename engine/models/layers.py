@@ -23,7 +23,8 @@ class RotaryEmbedding(nn.Module):
     """cos/sin tables for positions [0, max_positions), built the way transformers builds them.
 
     inv_freq and the attention scaling come from transformers' RoPE init functions, so every
-    rope_type a config names (default, linear, dynamic, yarn, longrope, llama3) is honoured.
+    rope_type a config names (default, linear, dynamic, yarn, llama3) is honoured; longrope is
+    refused by the loader (its factor depends on the sequence length).
     """
 
     def __init__(self, config, head_dim: int, max_positions: int, dtype: torch.dtype) -> None:

@@ -1,0 +1,54 @@
+"""Shared fixtures for engine-level tests on the real SmolLM2 model (see engine_equivalence.py).
+
+The HF reference continuations are computed once per session and shared by every variant
+(plain batch, preemption, prefix cache, chunked prefill, bfloat16).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_equivalence import MAX_NEW_TOKENS, Reference, build_prompts, hf_greedy
+
+from engine.loader import _convert_gguf, _gguf_cache_dir, default_model_path
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """The HF directory our loader converts the embedded GGUF into (converted if missing)."""
+    gguf = default_model_path()
+    path = _gguf_cache_dir(gguf)
+    if not (path / "model.safetensors").is_file():
+        _convert_gguf(gguf, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(real_model_dir)
+
+
+@pytest.fixture(scope="session")
+def prompts(real_tokenizer) -> list[list[int]]:
+    return build_prompts(real_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def hf_references(real_model_dir: Path, real_tokenizer, prompts) -> list[Reference]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
+    eos = real_tokenizer.eos_token_id
+    # Batch-1 decoding is memory-bound: one thread costs little on an idle machine and avoids
+    # OpenMP spin-waiting blowing the fixture up (measured 5x) when the cores are shared.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            return [hf_greedy(model, prompt, MAX_NEW_TOKENS, eos) for prompt in prompts]
+    finally:
+        torch.set_num_threads(threads)

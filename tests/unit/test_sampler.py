@@ -1,0 +1,313 @@
+"""Sampler: greedy fast path, support restriction by temperature/top-k/top-p/min-p, seeds,
+penalties, logit_bias, min_tokens, logprobs.
+
+Logprobs are taken after logit_bias, min_tokens and penalties (before temperature), so the
+processed logits of a row can be read back exactly from a request that asks for the full
+vocabulary's logprobs: that is how the penalty definitions are checked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from engine.sampler import Sampler
+from scheduler.output import ScheduledChunk
+from scheduler.sampling_params import SamplingParams
+
+VOCAB = 12
+EOS = 11
+
+
+def _chunk(
+    params: SamplingParams,
+    request_id: str = "r",
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+) -> ScheduledChunk:
+    prompt = [0, 1] if prompt is None else prompt
+    output = [] if output is None else output
+    return ScheduledChunk(
+        request_id=request_id,
+        token_ids=[(prompt + output)[-1]],
+        start_position=len(prompt) + len(output) - 1,
+        block_table=[0],
+        samples=True,
+        num_prompt_tokens=len(prompt),
+        sampling_params=params,
+        prompt_token_ids=prompt,
+        output_token_ids=output,
+        eos_token_ids=frozenset({EOS}),
+    )
+
+
+def _logits(values: list[float]) -> torch.Tensor:
+    return torch.tensor([values], dtype=torch.float32)
+
+
+# probabilities 0.5, 0.3, 0.1, 0.05, 0.05 over tokens 0..4; the rest of the vocabulary is
+# nearly impossible (exp(-30)) but not zero, so any filter that keeps it would show.
+PROBS = [0.5, 0.3, 0.1, 0.05, 0.05]
+BASE_LOGITS = [math.log(p) for p in PROBS] + [-30.0] * (VOCAB - len(PROBS))
+
+
+def _draw(params: SamplingParams, n: int, logits: list[float] = BASE_LOGITS) -> Counter:
+    """n independent draws (one row each, the shared generator)."""
+    sampler = Sampler(seed=1234)
+    rows = torch.tensor([logits] * n, dtype=torch.float32)
+    chunks = [_chunk(params, request_id=f"r{i}") for i in range(n)]
+    token_ids, _ = sampler.sample(rows, chunks)
+    return Counter(token_ids)
+
+
+def test_greedy_fast_path_is_argmax_without_logprobs() -> None:
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(0))
+    chunks = [_chunk(SamplingParams(temperature=0.0), request_id=f"r{i}") for i in range(5)]
+    token_ids, logprobs = Sampler().sample(logits, chunks)
+    assert token_ids == logits.argmax(dim=-1).tolist()
+    assert logprobs == [None] * 5
+
+
+def test_greedy_ties_pick_the_lowest_token_id_like_argmax() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    chunks = [_chunk(SamplingParams(temperature=0.0), request_id=f"r{i}") for i in range(2)]
+    assert Sampler().sample(logits, chunks)[0] == [1, 0]
+    with_logprobs = [_chunk(SamplingParams(temperature=0.0, logprobs=1), f"p{i}") for i in range(2)]
+    assert Sampler().sample(logits, with_logprobs)[0] == [1, 0]
+
+
+def test_greedy_rows_next_to_sampled_rows_stay_argmax() -> None:
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=3)] * 2
+    chunks = [_chunk(p, request_id=f"r{i}") for i, p in enumerate(params)]
+    token_ids, _ = Sampler().sample(logits, chunks)
+    assert token_ids[0] == int(logits[0].argmax()) and token_ids[2] == int(logits[2].argmax())
+
+
+def test_temperature_one_draws_follow_softmax() -> None:
+    counts = _draw(SamplingParams(temperature=1.0), 4000)
+    assert set(counts) <= {0, 1, 2, 3, 4}
+    for token, p in enumerate(PROBS):
+        assert abs(counts[token] / 4000 - p) < 0.03, (token, counts)
+
+
+def test_low_temperature_sharpens_the_distribution() -> None:
+    # T = 0.5 squares the probabilities: 0.25, 0.09, 0.01, ... renormalized -> token 0 ~ 0.70
+    counts = _draw(SamplingParams(temperature=0.5), 3000)
+    expected = [p**2 / sum(q**2 for q in PROBS) for p in PROBS]
+    for token, p in enumerate(expected):
+        assert abs(counts[token] / 3000 - p) < 0.03, (token, counts)
+
+
+def test_top_k_keeps_exactly_the_k_most_likely() -> None:
+    counts = _draw(SamplingParams(temperature=1.0, top_k=2), 2000)
+    assert set(counts) == {0, 1}
+    assert abs(counts[0] / 2000 - 0.5 / 0.8) < 0.04
+
+
+@pytest.mark.parametrize(
+    ("top_p", "support"),
+    [(0.45, {0}), (0.75, {0, 1}), (0.85, {0, 1, 2}), (1.0, {0, 1, 2, 3, 4})],
+)
+def test_top_p_keeps_the_smallest_prefix_reaching_p(top_p: float, support: set[int]) -> None:
+    counts = _draw(SamplingParams(temperature=1.0, top_p=top_p), 2000)
+    assert set(counts) == support
+
+
+def test_top_p_stops_at_the_token_whose_mass_reaches_p_exactly() -> None:
+    # Probabilities exact in binary: 0.5 + 0.25 reaches top_p = 0.75, so token 2 is out
+    # (Hugging Face's and vLLM's rule: drop tokens whose ascending cumulative mass <= 1 - p).
+    logits = [math.log(p) for p in (0.5, 0.25, 0.125, 0.125)] + [-30.0] * (VOCAB - 4)
+    counts = _draw(SamplingParams(temperature=1.0, top_p=0.75), 2000, logits)
+    assert set(counts) == {0, 1}
+
+
+def test_top_p_renormalizes_the_kept_tokens() -> None:
+    counts = _draw(SamplingParams(temperature=1.0, top_p=0.75), 3000)
+    assert abs(counts[0] / 3000 - 0.5 / 0.8) < 0.03
+
+
+@pytest.mark.parametrize(("min_p", "support"), [(0.15, {0, 1, 2}), (0.5, {0, 1}), (0.9, {0})])
+def test_min_p_drops_tokens_below_min_p_times_the_top_probability(min_p, support) -> None:
+    counts = _draw(SamplingParams(temperature=1.0, min_p=min_p), 2000)
+    assert set(counts) == support
+
+
+def test_filters_combine() -> None:
+    counts = _draw(SamplingParams(temperature=1.0, top_k=4, top_p=0.85, min_p=0.25), 2000)
+    assert set(counts) == {0, 1}  # top_k -> 0..3, top_p -> 0..2, min_p 0.125 -> 0, 1
+
+
+def _sequence(sampler: Sampler, chunk: ScheduledChunk, logits: torch.Tensor, others=()) -> list:
+    """Five steps of one request, optionally batched after other rows."""
+    drawn = []
+    for _ in range(5):
+        rows = torch.cat([logits] + [o[1] for o in others])
+        token_ids, _ = sampler.sample(rows, [chunk] + [o[0] for o in others])
+        drawn.append(token_ids[0])
+    return drawn
+
+
+def test_seeded_request_is_reproducible_and_independent_of_batch() -> None:
+    flat = _logits([0.0] * VOCAB)  # uniform: every draw is up to the generator
+    params = SamplingParams(temperature=1.0, seed=42)
+    alone = _sequence(Sampler(seed=0), _chunk(params, "a"), flat)
+    assert alone == _sequence(Sampler(seed=99), _chunk(params, "a"), flat)
+    # Placed first or last, next to seeded and unseeded neighbours, it draws the same.
+    others = [
+        (_chunk(SamplingParams(temperature=1.0), "u"), flat),
+        (_chunk(SamplingParams(temperature=1.0, seed=7), "s"), flat),
+        (_chunk(SamplingParams(temperature=0.0), "g"), flat),
+    ]
+    assert alone == _sequence(Sampler(seed=5), _chunk(params, "a"), flat, others)
+    sampler = Sampler(seed=5)
+    drawn = []
+    for _ in range(5):
+        rows = torch.cat([flat] * 4)
+        chunks = [others[0][0], others[1][0], others[2][0], _chunk(params, "a")]
+        drawn.append(sampler.sample(rows, chunks)[0][3])
+    assert drawn == alone
+    assert len(set(alone)) > 1  # the draws are not trivially constant
+
+
+def test_different_seeds_differ_and_forget_restarts_the_stream() -> None:
+    flat = _logits([0.0] * VOCAB)
+    sampler = Sampler()
+    a = _sequence(sampler, _chunk(SamplingParams(temperature=1.0, seed=1), "a"), flat)
+    b = _sequence(sampler, _chunk(SamplingParams(temperature=1.0, seed=2), "b"), flat)
+    assert a != b
+    sampler.forget(["a"])
+    assert _sequence(sampler, _chunk(SamplingParams(temperature=1.0, seed=1), "a"), flat) == a
+
+
+def _processed_logprobs(params: SamplingParams, logits: list[float], **chunk_kwargs):
+    """The row's log_softmax after logit processors, read from a full-vocabulary logprobs."""
+    params_with_logprobs = _with(params, logprobs=VOCAB)
+    chunk = _chunk(params_with_logprobs, **chunk_kwargs)
+    token_ids, logprobs = Sampler().sample(_logits(logits), [chunk])
+    result = logprobs[0]
+    table = dict(zip(result.top_token_ids, result.top_logprobs, strict=True))
+    return token_ids[0], torch.tensor([table[t] for t in range(VOCAB)])
+
+
+def _with(params: SamplingParams, **changes) -> SamplingParams:
+    fields = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
+    return SamplingParams(**{**fields, **changes})
+
+
+RAW = [2.0, -1.0, 0.5, -0.5, 1.5, 0.0, 3.0, -2.0, 1.0, -3.0, 0.25, 0.75]
+
+
+def _assert_logits_equal_up_to_constant(logprobs: torch.Tensor, expected_logits: list[float]):
+    torch.testing.assert_close(
+        logprobs, torch.log_softmax(torch.tensor(expected_logits), dim=-1), atol=1e-5, rtol=0
+    )
+
+
+def test_repetition_penalty_follows_hugging_face_rule() -> None:
+    # Seen tokens (prompt 0, 1 and output 3, 4): positive logits / 1.5, negative ones * 1.5.
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.5)
+    _, logprobs = _processed_logprobs(params, RAW, prompt=[0, 1], output=[3, 4])
+    expected = list(RAW)
+    for t in (0, 1, 3, 4):
+        expected[t] = RAW[t] / 1.5 if RAW[t] > 0 else RAW[t] * 1.5
+    _assert_logits_equal_up_to_constant(logprobs, expected)
+
+
+def test_presence_and_frequency_penalties_follow_openai_definition() -> None:
+    # logit[t] -= frequency * count_t + presence * (count_t > 0), over output tokens only.
+    params = SamplingParams(temperature=0.0, presence_penalty=0.7, frequency_penalty=0.4)
+    _, logprobs = _processed_logprobs(params, RAW, prompt=[5, 6], output=[3, 3, 3, 8])
+    expected = list(RAW)
+    expected[3] -= 0.4 * 3 + 0.7
+    expected[8] -= 0.4 * 1 + 0.7
+    _assert_logits_equal_up_to_constant(logprobs, expected)
+
+
+def test_negative_presence_penalty_encourages_repeats() -> None:
+    params = SamplingParams(temperature=0.0, presence_penalty=-2.0)
+    token_id, _ = _processed_logprobs(params, RAW, output=[2])  # 0.5 + 2 = 2.5 < 3.0
+    assert token_id == 6
+    token_id, _ = _processed_logprobs(params, RAW, output=[0])  # 2.0 + 2 = 4.0 > 3.0
+    assert token_id == 0
+
+
+def test_logit_bias_adds_to_logits_and_changes_greedy_choice() -> None:
+    params = SamplingParams(temperature=0.0, logit_bias=((1, 5.0), (6, -100.0)))
+    token_id, logprobs = _processed_logprobs(params, RAW)
+    expected = list(RAW)
+    expected[1] += 5.0
+    expected[6] -= 100.0
+    _assert_logits_equal_up_to_constant(logprobs, expected)
+    assert token_id == 1
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached() -> None:
+    logits = list(RAW)
+    logits[EOS] = 10.0  # EOS would win greedily
+    logits[7] = 9.0  # then stop id 7
+    params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(7,), logprobs=VOCAB)
+    token_ids, logprobs = Sampler().sample(_logits(logits), [_chunk(params, output=[4, 4])])
+    assert token_ids == [6]
+    table = dict(zip(logprobs[0].top_token_ids, logprobs[0].top_logprobs, strict=True))
+    assert table[EOS] == -math.inf and table[7] == -math.inf
+    # Once min_tokens outputs exist, EOS may be chosen again.
+    token_ids, _ = Sampler().sample(_logits(logits), [_chunk(params, output=[4, 4, 4])])
+    assert token_ids == [EOS]
+
+
+def test_min_tokens_with_ignore_eos_bans_only_stop_ids() -> None:
+    logits = list(RAW)
+    logits[EOS], logits[7] = 10.0, 11.0
+    params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(7,), ignore_eos=True)
+    token_ids, _ = Sampler().sample(_logits(logits), [_chunk(params)])
+    assert token_ids == [EOS]
+
+
+def test_min_tokens_never_samples_banned_ids() -> None:
+    logits = [0.0] * VOCAB
+    logits[EOS] = 5.0
+    params = SamplingParams(temperature=1.0, min_tokens=4, stop_token_ids=(2,))
+    counts = _draw_with(params, logits, 500)
+    assert EOS not in counts and 2 not in counts and len(counts) == VOCAB - 2
+
+
+def _draw_with(params: SamplingParams, logits: list[float], n: int) -> Counter:
+    rows = torch.tensor([logits] * n)
+    chunks = [_chunk(params, request_id=f"r{i}") for i in range(n)]
+    return Counter(Sampler(seed=3).sample(rows, chunks)[0])
+
+
+def test_logprobs_of_chosen_and_top_alternatives_are_log_softmax() -> None:
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(2)) * 3
+    params = [
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=1.0, seed=11, logprobs=0),
+        SamplingParams(temperature=0.0),
+    ]
+    chunks = [_chunk(p, request_id=f"r{i}") for i, p in enumerate(params)]
+    token_ids, logprobs = Sampler().sample(logits, chunks)
+    expected = torch.log_softmax(logits.double(), dim=-1)
+    first = logprobs[0]
+    assert first.token_id == token_ids[0] == int(logits[0].argmax())
+    assert first.logprob == pytest.approx(float(expected[0, token_ids[0]]), abs=1e-5)
+    top = torch.topk(expected[0], 3)
+    assert first.top_token_ids == top.indices.tolist()
+    assert first.top_logprobs == pytest.approx(top.values.tolist(), abs=1e-5)
+    # logprobs=0: the chosen token only (sampled, so not necessarily the argmax).
+    second = logprobs[1]
+    assert second.token_id == token_ids[1]
+    assert second.logprob == pytest.approx(float(expected[1, token_ids[1]]), abs=1e-5)
+    assert second.top_token_ids == [] and second.top_logprobs == []
+    assert logprobs[2] is None
+
+
+def test_logprobs_are_taken_before_temperature() -> None:
+    logits = torch.tensor([RAW])
+    params = SamplingParams(temperature=0.3, seed=1, logprobs=2)
+    token_ids, logprobs = Sampler().sample(logits, [_chunk(params)])
+    expected = torch.log_softmax(logits[0].double(), dim=-1)
+    assert logprobs[0].logprob == pytest.approx(float(expected[token_ids[0]]), abs=1e-5)
