@@ -7,7 +7,11 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """Normalizes in float32 and casts back, exactly as Hugging Face's Llama RMSNorm does."""
+    """Normalizes in float32 and casts back, as Hugging Face's Llama RMSNorm does.
+
+    float32 inputs take one fused op; bf16 inputs are upcast for the statistics first so the
+    rounding matches HF's (normalize in float32, cast, then scale by the weight).
+    """
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -15,6 +19,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
