@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import replace
 from functools import partial
 
@@ -298,6 +299,9 @@ def test_concurrent_observers_and_scrapes_lose_nothing():
         thread.start()
     while any(thread.is_alive() for thread in threads):
         metrics.render()
+        # A scraper that re-takes the lock back to back can starve the observers for minutes
+        # on 2 cores; real scrapes come seconds apart.
+        time.sleep(0.002)
     for thread in threads:
         thread.join()
     s = _samples(metrics)
