@@ -305,7 +305,9 @@ def _check_token_rates(stack: Stack, tally: ClientTally) -> None:
     """The throughput panel's rates, times their window, are what the clients counted.
 
     The counter series begins (at 0) before the load, so rate() over a window longer than
-    the run extrapolates only past the last sample: at most one scrape interval, a few %.
+    the run extrapolates only at the window's edges; with 1 s scrapes, a slow 2-core machine
+    and jittered scrape times that was seen up to ~8% off. Exact equality of the counters
+    themselves is test_token_counters_equal_the_usage_returned_to_clients' job.
     """
     panel = {q.expr: q for q in dashboard_queries() if q.name == "Tokens per second"}
     expected = {
@@ -315,7 +317,7 @@ def _check_token_rates(stack: Stack, tally: ClientTally) -> None:
     for counter, client_total in expected.items():
         (expr,) = [e for e in panel if counter in e]
         (rate,) = _values(_query(stack, expr))
-        assert rate * PANEL_WINDOW_S == pytest.approx(client_total, rel=0.06), expr
+        assert rate * PANEL_WINDOW_S == pytest.approx(client_total, rel=0.15), expr
 
 
 HEADLINE = (
