@@ -41,11 +41,15 @@ class BatchedAttention:
     def _decode(query, key_cache, value_cache, meta, scale) -> torch.Tensor:
         keys = _gather_blocks(key_cache, meta.decode_block_tables, meta.block_size)
         values = _gather_blocks(value_cache, meta.decode_block_tables, meta.block_size)
-        q = query.unsqueeze(2)  # [decodes, heads, 1, dim]
+        # GQA without repeating K/V: the `group` query heads that share a kv head become
+        # `group` query rows of that kv head (head h reads kv head h // group, as in HF).
+        num_decodes, num_heads, head_dim = query.shape
+        num_kv_heads = keys.shape[1]
+        q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+            q, keys, values, attn_mask=meta.decode_mask, scale=scale
         )
-        return out.squeeze(2)
+        return out.reshape(num_decodes, num_heads, head_dim)
 
     @staticmethod
     def _prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale):
