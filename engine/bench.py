@@ -68,7 +68,9 @@ def bench_meterserve(args, prompts) -> dict[str, float]:
     outputs = llm.generate(prompts, exact)
     batch_seconds = time.perf_counter() - started
     produced = sum(len(o.token_ids) for o in outputs)
-    single = SamplingParams(max_tokens=args.single_stream_tokens + 1, temperature=0.0, ignore_eos=True)
+    single = SamplingParams(
+        max_tokens=args.single_stream_tokens + 1, temperature=0.0, ignore_eos=True
+    )
     single_tok_s = _single_stream_meterserve(llm, prompts[0], single)
     return {
         "meterserve_tok_s": produced / batch_seconds,
@@ -149,18 +151,25 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
     }
     figures.update(bench_meterserve(args, prompts))
-    print(f"meterserve: {figures['meterserve_tok_s']:.1f} output tok/s over {args.num_requests} "
-          f"requests; single stream {figures['meterserve_single_stream_tok_s']:.1f} tok/s", flush=True)
+    print(
+        f"meterserve: {figures['meterserve_tok_s']:.1f} output tok/s over {args.num_requests} "
+        f"requests; single stream {figures['meterserve_single_stream_tok_s']:.1f} tok/s",
+        flush=True,
+    )
     if not args.skip_hf:
         figures.update(bench_hf(args, prompts))
         figures["throughput_ratio"] = figures["meterserve_tok_s"] / figures["hf_tok_s"]
         figures["single_stream_ratio"] = (
             figures["meterserve_single_stream_tok_s"] / figures["hf_single_stream_tok_s"]
         )
-        print(f"hf generate: {figures['hf_tok_s']:.1f} output tok/s (static batch); single stream "
-              f"{figures['hf_single_stream_tok_s']:.1f} tok/s")
-        print(f"ratios: throughput {figures['throughput_ratio']:.2f}x, single stream "
-              f"{figures['single_stream_ratio']:.2f}x")
+        print(
+            f"hf generate: {figures['hf_tok_s']:.1f} output tok/s (static batch); single stream "
+            f"{figures['hf_single_stream_tok_s']:.1f} tok/s"
+        )
+        print(
+            f"ratios: throughput {figures['throughput_ratio']:.2f}x, single stream "
+            f"{figures['single_stream_ratio']:.2f}x"
+        )
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
     return 0
 

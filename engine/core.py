@@ -127,7 +127,9 @@ class EngineCore:
             # and prefix lookups / preemptions made while scheduling nothing still count.
             events = self.scheduler.update(output, RunnerOutput())
             counted = output.prefix_cache_queried_tokens or output.num_preemptions
-            stats = self._stats(output, _NO_COST, started, 0.0, 0.0, _NO_EXECUTION) if counted else None
+            stats = (
+                self._stats(output, _NO_COST, started, 0.0, 0.0, _NO_EXECUTION) if counted else None
+            )
             return StepResult(events, stats)
         executed = self._execute(output)
         duration = time.monotonic() - started
@@ -145,7 +147,7 @@ class EngineCore:
         """Run the step; if it raises, re-run chunk by chunk so only the culprits fail."""
         try:
             return ExecuteResult(self.runner.execute(output), {}, 1)
-        except Exception as exc:  # noqa: BLE001 - any model failure must not kill the engine
+        except Exception as exc:
             log.exception("model step failed; isolating the failing requests")
             if len(output.chunks) == 1:
                 return ExecuteResult(RunnerOutput(), {output.chunks[0].request_id: _why(exc)}, 1)
@@ -164,7 +166,9 @@ class EngineCore:
         """Split the step's wall time among its chunks by FLOPs share; returns prefill seconds."""
         total = cost.total_flops or 1.0
         prefill_seconds = 0.0
-        for chunk, flops, nbytes in zip(output.chunks, cost.chunk_flops, cost.chunk_bytes, strict=True):
+        for chunk, flops, nbytes in zip(
+            output.chunks, cost.chunk_flops, cost.chunk_bytes, strict=True
+        ):
             seconds = duration * flops / total
             request = self.scheduler.get_request(chunk.request_id)
             if not chunk.is_decode:
@@ -263,7 +267,10 @@ def _max_model_len(hf_config, configured: int | None) -> int:
 
 def _eos_token_ids(hf_config, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
-    for source in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+    for source in (
+        getattr(hf_config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
         if isinstance(source, int):
             ids.add(source)
         elif isinstance(source, (list, tuple)):

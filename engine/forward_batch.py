@@ -68,7 +68,9 @@ class ForwardBatch:
     sample_rows: torch.Tensor
 
 
-def to_tensors(lists: BatchLists, block_size: int, dtype: torch.dtype = torch.float32) -> ForwardBatch:
+def to_tensors(
+    lists: BatchLists, block_size: int, dtype: torch.dtype = torch.float32
+) -> ForwardBatch:
     """The one place the step's lists become tensors (plus the decode gather index).
 
     The decode mask is additive (0 or -inf, in the model's dtype), built once per step rather

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from engine.config import EngineConfig
 
 MIN_BLOCKS = 4
 
 
 def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux); 4 GiB if unreadable."""
+    """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit.
+
+    4 GiB when nothing is readable. A container's limit is not visible in /proc/meminfo, so
+    without the cgroup cap a pod would size its cache from the whole node's memory.
+    """
+    available = _meminfo_available()
+    cgroup = _cgroup_headroom()
+    candidates = [v for v in (available, cgroup) if v is not None]
+    return min(candidates) if candidates else 4 * 2**30
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -16,7 +29,27 @@ def available_memory_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 4 * 2**30
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """limit - current usage, from cgroup v2 (memory.max) or v1 (memory.limit_in_bytes)."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            limit_text = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or int(limit_text) >= 2**60:  # no limit set
+            return None
+        return max(0, int(limit_text) - usage)
+    return None
 
 
 def choose_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:

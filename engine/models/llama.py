@@ -64,7 +64,9 @@ class Attention(nn.Module):
         )
         q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(shape.hidden_size, q_size + 2 * kv_size, bias=shape.attention_bias)
+        self.qkv_proj = nn.Linear(
+            shape.hidden_size, q_size + 2 * kv_size, bias=shape.attention_bias
+        )
         self.o_proj = nn.Linear(q_size, shape.hidden_size, bias=False)
         self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
         self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
@@ -138,7 +140,9 @@ class LlamaForCausalLM(nn.Module):
         def put(name: str, tensor: torch.Tensor) -> None:
             target = params[name]
             if target.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
+                )
             target.data.copy_(tensor)
             loaded.add(name)
 
@@ -158,15 +162,24 @@ class LlamaForCausalLM(nn.Module):
     def _load_layer(self, i: int, sd: dict[str, torch.Tensor], put) -> None:
         src, dst = f"layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        put(dst + "self_attn.qkv_proj.weight", torch.cat([sd[attn + f"{p}_proj.weight"] for p in "qkv"]))
+        put(
+            dst + "self_attn.qkv_proj.weight",
+            torch.cat([sd[attn + f"{p}_proj.weight"] for p in "qkv"]),
+        )
         if self.shape.attention_bias:
-            put(dst + "self_attn.qkv_proj.bias", torch.cat([sd[attn + f"{p}_proj.bias"] for p in "qkv"]))
+            put(
+                dst + "self_attn.qkv_proj.bias",
+                torch.cat([sd[attn + f"{p}_proj.bias"] for p in "qkv"]),
+            )
         put(dst + "self_attn.o_proj.weight", sd[attn + "o_proj.weight"])
         if self.shape.qk_norm:
             put(dst + "self_attn.q_norm.weight", sd[attn + "q_norm.weight"])
             put(dst + "self_attn.k_norm.weight", sd[attn + "k_norm.weight"])
         mlp = src + "mlp."
-        put(dst + "mlp.gate_up_proj.weight", torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]]))
+        put(
+            dst + "mlp.gate_up_proj.weight",
+            torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]]),
+        )
         put(dst + "mlp.down_proj.weight", sd[mlp + "down_proj.weight"])
         put(dst + "input_layernorm.weight", sd[src + "input_layernorm.weight"])
         put(dst + "post_attention_layernorm.weight", sd[src + "post_attention_layernorm.weight"])

@@ -27,7 +27,9 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(
+            flat, self.packed_weight, self.bias, "none", [], ""
+        )
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
