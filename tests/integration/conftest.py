@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from serverproc import API_KEY, FAULT_TOKEN_ID, ServerProcess
+from server_process import ServerProcess
+from serverproc import API_KEY, FAULT_TOKEN_ID
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import httpx
-from serverproc import ServerProcess
+from server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverproc import ServerProcess, assert_no_leaked_blocks, metric_value, wait_idle
+from server_process import ServerProcess
+from serverproc import assert_no_leaked_blocks, metric_value, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct"
 TIMEOUT_S = 12
