@@ -19,7 +19,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm import LLM
-from engine.loader import load_checkpoint, resolve_model_path
+from engine.loader import hf_checkpoint_dir
 from scheduler.sampling_params import SamplingParams
 
 PASSAGE = (
@@ -54,14 +54,17 @@ def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     return [ids[i * 3 : i * 3 + length] for i in range(count)]
 
 
-def bench_meterserve(args, prompts) -> dict[str, float]:
+def make_llm(args) -> LLM:
     config = EngineConfig(
         model=args.model,
         dtype=args.dtype,
         max_num_seqs=max(args.num_requests, 1),
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    llm = LLM(config)
+    return LLM(config)
+
+
+def bench_meterserve(args, llm: LLM, prompts) -> dict[str, float]:
     exact = SamplingParams(max_tokens=args.output_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     started = time.perf_counter()
@@ -96,7 +99,7 @@ def _single_stream_meterserve(llm: LLM, prompt: list[int], params: SamplingParam
 def bench_hf(args, prompts) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
-    checkpoint_dir = _hf_dir(args.model)
+    checkpoint_dir = hf_checkpoint_dir(args.model)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=dtype).eval()
     batch = torch.tensor(prompts)
@@ -131,18 +134,10 @@ def _hf_generate(model, input_ids: torch.Tensor, new_tokens: int) -> torch.Tenso
         )
 
 
-def _hf_dir(model: str) -> str:
-    """The HF directory behind `model` (the converted cache dir for a GGUF file)."""
-    from engine.loader import _gguf_cache_dir
-
-    path = resolve_model_path(model)
-    return str(_gguf_cache_dir(path) if path.suffix == ".gguf" else path)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
-    tokenizer = load_checkpoint(args.model).tokenizer
-    prompts = make_prompts(tokenizer, args.num_requests, args.prompt_tokens)
+    llm = make_llm(args)
+    prompts = make_prompts(llm.tokenizer, args.num_requests, args.prompt_tokens)
     figures: dict[str, float | int | str] = {
         "requests": args.num_requests,
         "prompt_tokens": args.prompt_tokens,
@@ -150,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
     }
-    figures.update(bench_meterserve(args, prompts))
+    figures.update(bench_meterserve(args, llm, prompts))
+    del llm  # free its KV cache before the baseline runs
     print(
         f"meterserve: {figures['meterserve_tok_s']:.1f} output tok/s over {args.num_requests} "
         f"requests; single stream {figures['meterserve_single_stream_tok_s']:.1f} tok/s",

@@ -205,7 +205,7 @@ class EngineCore:
             prefill_bytes=cost.prefill_bytes,
             decode_bytes=cost.decode_bytes,
             prefill_seconds=prefill_seconds,
-            decode_seconds=max(0.0, duration - prefill_seconds),
+            decode_seconds=duration - prefill_seconds,
             num_forward_passes=executed.num_forward_passes,
         )
 

@@ -71,14 +71,26 @@ def resolve_model_path(model: str) -> Path:
 def load_checkpoint(model: str) -> LoadedCheckpoint:
     """Load config, tokenizer and weights; raises ModelLoadError with a one-line reason."""
     path = resolve_model_path(model)
-    if path.is_file() and path.suffix == ".gguf":
+    name = _display_name(path) if _is_gguf(path) else path.name
+    return _load_hf_dir(hf_checkpoint_dir(model), name=name, source=str(path))
+
+
+def hf_checkpoint_dir(model: str) -> Path:
+    """The Hugging Face directory behind `model`: the directory itself, or a GGUF file's cached
+    conversion (converted now if missing). Baselines load the same weights from here."""
+    path = resolve_model_path(model)
+    if _is_gguf(path):
         hf_dir = _gguf_cache_dir(path)
         if not (hf_dir / "model.safetensors").is_file():
             _convert_gguf(path, hf_dir)
-        return _load_hf_dir(hf_dir, name=_display_name(path), source=str(path))
+        return hf_dir
     if path.is_dir():
-        return _load_hf_dir(path, name=path.name, source=str(path))
+        return path
     raise ModelLoadError(f"unsupported model path (need a HF directory or a .gguf file): {model}")
+
+
+def _is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
 
 
 def _display_name(path: Path) -> str:

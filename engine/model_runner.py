@@ -16,7 +16,7 @@ from engine.attention import make_backend
 from engine.attention.kv_cache import KVCacheTensors
 from engine.config import EngineConfig
 from engine.forward_batch import build_lists, to_tensors
-from engine.loader import LoadedCheckpoint, check_supported
+from engine.loader import LoadedCheckpoint
 from engine.models import MODEL_FAMILIES
 from engine.models.packed_linear import pack_linears, packing_available
 from engine.sampler import Sampler
@@ -58,7 +58,6 @@ class ModelRunner:
     def __init__(
         self, config: EngineConfig, checkpoint: LoadedCheckpoint, max_model_len: int
     ) -> None:
-        check_supported(checkpoint.config)
         self.dtype = resolve_dtype(config.dtype)
         self.block_size = config.block_size
         self.debug_fault_token_id = config.debug_fault_token_id

@@ -12,17 +12,13 @@ import pytest
 import torch
 from engine_equivalence import MAX_NEW_TOKENS, Reference, build_prompts, hf_greedy
 
-from engine.loader import _convert_gguf, _gguf_cache_dir, default_model_path
+from engine.loader import hf_checkpoint_dir
 
 
 @pytest.fixture(scope="session")
 def real_model_dir() -> Path:
     """The HF directory our loader converts the embedded GGUF into (converted if missing)."""
-    gguf = default_model_path()
-    path = _gguf_cache_dir(gguf)
-    if not (path / "model.safetensors").is_file():
-        _convert_gguf(gguf, path)
-    return path
+    return hf_checkpoint_dir("default")
 
 
 @pytest.fixture(scope="session")
