@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from scheduler.output import TokenLogprobs
 from server.body import parse_request
 from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient, EngineRequestSpec
 from server.errors import bad_request
-from server.generation import ClientDisconnected, Generation, until_disconnected
+from server.generation import Generation
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -24,12 +23,12 @@ from server.protocol import (
     ChatMessage,
     ChatTokenLogprob,
     TopLogprob,
-    dump,
 )
 from server.routes.deps import (
     get_settings,
     new_id,
     ready_client,
+    respond,
     served_model_names,
     token_texts,
     unix_time,
@@ -40,7 +39,7 @@ from server.sampling import (
     check_stop_strings,
     resolve_max_tokens,
 )
-from server.streaming import SSEResponse, sse_event
+from server.streaming import sse_event
 
 router = APIRouter()
 
@@ -85,15 +84,9 @@ async def create_chat_completion(request: Request) -> Response:
     group = client.submit(specs)
     generation = Generation(client, group, [prompt], body.n, stop)
     builder = _ChatBuilder(request_id, model, generation, token_texts(request), num_logprobs)
-    if body.stream:
-        return SSEResponse(builder.events(body.include_usage), lambda: client.release(group))
-    try:
-        await until_disconnected(request, generation.run())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        client.release(group)
-    return JSONResponse(dump(builder.response()))
+    return await respond(
+        request, client, group, generation, builder, body.stream, body.include_usage
+    )
 
 
 def apply_chat_template(

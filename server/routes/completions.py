@@ -5,25 +5,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from scheduler.output import TokenLogprobs
 from server.body import parse_request
 from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient, EngineRequestSpec
 from server.errors import bad_request
-from server.generation import ClientDisconnected, Generation, until_disconnected
+from server.generation import Generation
 from server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    dump,
 )
 from server.routes.deps import (
     get_settings,
     new_id,
     ready_client,
+    respond,
     served_model_names,
     token_texts,
     unix_time,
@@ -36,7 +35,7 @@ from server.sampling import (
     check_token_ids,
     resolve_max_tokens,
 )
-from server.streaming import SSEResponse, sse_event
+from server.streaming import sse_event
 
 router = APIRouter()
 
@@ -83,15 +82,9 @@ async def create_completion(request: Request) -> Response:
         else None
     )
     stream = _Stream(request_id, model, generation, token_texts(request), echo_texts, body.logprobs)
-    if body.stream:
-        return SSEResponse(stream.events(body.include_usage), lambda: client.release(group))
-    try:
-        await until_disconnected(request, generation.run())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        client.release(group)
-    return JSONResponse(dump(stream.response()))
+    return await respond(
+        request, client, group, generation, stream, body.stream, body.include_usage
+    )
 
 
 def tokenize_prompts(prompt: str | list, client: EngineClient) -> list[list[int]]:

@@ -1,16 +1,23 @@
-"""What route handlers take from app.state: settings, the engine client, served model names."""
+"""What route handlers take from app.state (settings, the engine client, served model names),
+and how a generation becomes the HTTP response."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
-from fastapi import Request
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 
 from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient
+from server.engine_client import EngineClient, RequestGroup
 from server.errors import OpenAIError
+from server.generation import ClientDisconnected, Generation, until_disconnected
+from server.protocol import dump
 from server.settings import Settings
+from server.streaming import SSEResponse
 
 
 def get_settings(request: Request) -> Settings:
@@ -64,3 +71,36 @@ def token_texts(request: Request) -> TokenTexts:
         texts = TokenTexts(get_client(request).tokenizer)
         state.token_texts = texts
     return texts
+
+
+class ResponseBuilder(Protocol):
+    """Turns one Generation into SSE chunks or one response body (chat or completions)."""
+
+    def events(self, include_usage: bool) -> AsyncIterator[str]: ...
+
+    def response(self) -> Any: ...
+
+
+async def respond(
+    request: Request,
+    client: EngineClient,
+    group: RequestGroup,
+    generation: Generation,
+    builder: ResponseBuilder,
+    stream: bool,
+    include_usage: bool,
+) -> Response:
+    """Stream the generation as SSE, or run it to the end and answer once.
+
+    Either way the group is released when the response ends, fails or the client leaves
+    (a non-streaming client that disconnects gets a 499 that nobody reads).
+    """
+    if stream:
+        return SSEResponse(builder.events(include_usage), lambda: client.release(group))
+    try:
+        await until_disconnected(request, generation.run())
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        client.release(group)
+    return JSONResponse(dump(builder.response()))
