@@ -20,7 +20,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    attention_backend: Literal["auto", "reference", "batched"] = "auto"
+    attention_backend: Literal["auto", "reference", "batched", "cpu_kernels"] = "auto"
+    # Native C++ kernels (engine/kernels) for decode matmuls, norms, RoPE and paged attention;
+    # False, or METERSERVE_CPU_KERNELS=0, keeps everything in plain torch.
+    cpu_kernels: bool = True
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     # Testing aid for fault handling: a step whose chunks contain this token id raises inside
     # the model runner. None (the default) disables it.

@@ -76,7 +76,8 @@ def to_tensors(
     The decode mask is additive (0 or -inf, in the model's dtype), built once per step rather
     than converted from a boolean mask in every layer.
     """
-    block_tables, visible = _decode_gather(lists.spans[: lists.num_decodes], block_size)
+    decodes = lists.spans[: lists.num_decodes]
+    block_tables, visible = _decode_gather(decodes, block_size)
     mask = None
     if visible is not None:
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
@@ -86,6 +87,9 @@ def to_tensors(
         num_decodes=lists.num_decodes,
         decode_block_tables=block_tables,
         decode_mask=mask,
+        decode_context_lens=(
+            torch.tensor([s.context_len for s in decodes], dtype=torch.long) if decodes else None
+        ),
         block_size=block_size,
     )
     return ForwardBatch(

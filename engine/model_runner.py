@@ -16,8 +16,10 @@ from engine.attention import make_backend
 from engine.attention.kv_cache import KVCacheTensors
 from engine.config import EngineConfig
 from engine.forward_batch import build_lists, to_tensors
+from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint
 from engine.models import MODEL_FAMILIES
+from engine.models.layer_ops import make_layer_ops
 from engine.models.packed_linear import pack_linears, packing_available
 from engine.sampler import Sampler
 from scheduler.output import RunnerOutput, SchedulerOutput
@@ -61,15 +63,22 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype)
         self.block_size = config.block_size
         self.debug_fault_token_id = config.debug_fault_token_id
-        self.backend = make_backend(config.attention_backend)
+        self.kernels = load_cpu_kernels() if config.cpu_kernels else None
+        self.backend = make_backend(config.attention_backend, self.kernels)
         family = MODEL_FAMILIES[checkpoint.config.model_type]
-        self.model = family(checkpoint.config, self.backend, max_model_len, self.dtype)
+        self.model = family(
+            checkpoint.config,
+            self.backend,
+            max_model_len,
+            self.dtype,
+            make_layer_ops(self.kernels),
+        )
         self.model.load_weights(checkpoint.state_dict)
         self.model.to(self.dtype).eval()
         self.shape = self.model.shape
         self.num_params = _count_params(self.model)
         if self.dtype == torch.bfloat16 and packing_available():
-            pack_linears(self.model)
+            pack_linears(self.model, self.kernels)
         self.sampler = Sampler()
         self.kv_cache: KVCacheTensors | None = None
 

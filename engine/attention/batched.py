@@ -37,7 +37,9 @@ class BatchedAttention:
             )
         for chunk in meta.chunks[meta.num_decodes :]:
             outputs.append(
-                self._prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale)
+                prefill_chunk_attention(
+                    query, key, value, key_cache, value_cache, chunk, meta, scale
+                )
             )
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
@@ -55,28 +57,29 @@ class BatchedAttention:
         )
         return out.reshape(num_decodes, num_heads, head_dim)
 
-    @staticmethod
-    def _prefill_chunk(query, key, value, key_cache, value_cache, chunk, meta, scale):
-        rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-        q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
-        if chunk.start_position == 0:
-            keys, values, mask, causal = key[rows], value[rows], None, True
-        else:
-            slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)
-            keys, values = key_cache[slots], value_cache[slots]
-            query_pos = torch.arange(chunk.query_len) + chunk.start_position
-            mask = torch.arange(chunk.context_len)[None, :] <= query_pos[:, None]
-            causal = False
-        out = F.scaled_dot_product_attention(
-            q,
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask,
-            is_causal=causal,
-            scale=scale,
-            enable_gqa=True,
-        )
-        return out.squeeze(0).transpose(0, 1)
+
+def prefill_chunk_attention(query, key, value, key_cache, value_cache, chunk, meta, scale):
+    """One prefill chunk's attention as one SDPA call; query/key/value are the whole step's."""
+    rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+    q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
+    if chunk.start_position == 0:
+        keys, values, mask, causal = key[rows], value[rows], None, True
+    else:
+        slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)
+        keys, values = key_cache[slots], value_cache[slots]
+        query_pos = torch.arange(chunk.query_len) + chunk.start_position
+        mask = torch.arange(chunk.context_len)[None, :] <= query_pos[:, None]
+        causal = False
+    out = F.scaled_dot_product_attention(
+        q,
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)
 
 
 def _gather_blocks(

@@ -41,4 +41,5 @@ class AttentionMetadata:
     num_decodes: int
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] additive
+    decode_context_lens: torch.Tensor | None  # [num_decodes] int64: context_len of each decode
     block_size: int

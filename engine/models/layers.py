@@ -19,10 +19,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        normed = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    # HF: normalize in float32, cast back, then scale by the weight in the model's dtype.
+    normed = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return weight * normed.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -70,12 +75,11 @@ def _rope_parameters(config, head_dim: int) -> tuple[torch.Tensor, float]:
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)); gate and up are one fused matmul."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, ops) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
+        self.ops = ops
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))

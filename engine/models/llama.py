@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
-from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from engine.models.layer_ops import RotaryInputs, TorchLayerOps
+from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class LlamaShape:
 
 
 class Attention(nn.Module):
-    def __init__(self, shape: LlamaShape, backend) -> None:
+    def __init__(self, shape: LlamaShape, backend, ops) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             shape.num_heads,
@@ -72,61 +73,85 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
         self.scale = shape.head_dim**-0.5
         self.backend = backend
+        self.ops = ops
 
-    def forward(self, hidden, cos, sin, key_cache, value_cache, meta: AttentionMetadata):
+    def forward(self, hidden, rope: RotaryInputs, key_cache, value_cache, meta: AttentionMetadata):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q_size, kv_size, _ = self.split_sizes
-        if self.q_norm is None:
-            # q and k are adjacent in qkv: rotate them as one [tokens, heads + kv_heads, dim].
-            qk = qkv[:, : q_size + kv_size].view(num_tokens, -1, self.head_dim)
-            qk = apply_rotary(qk, cos, sin)
-            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        else:
-            q = self.q_norm(qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, q_size : q_size + kv_size].view(num_tokens, -1, self.head_dim))
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.q_norm is not None:
+            # Qwen3 normalizes each q and k head before RoPE; write them back so q and k
+            # stay adjacent in qkv and rotate together below.
+            qkv[:, :q_size] = self.q_norm(
+                qkv[:, :q_size].unflatten(1, (-1, self.head_dim))
+            ).flatten(1)
+            k = qkv[:, q_size : q_size + kv_size].unflatten(1, (-1, self.head_dim))
+            qkv[:, q_size : q_size + kv_size] = self.k_norm(k).flatten(1)
+        # q and k are adjacent in qkv: rotate them as one [tokens, heads + kv_heads, dim].
+        qk = self.ops.rotate_heads(qkv, rope, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, shape: LlamaShape, backend) -> None:
+    """Pre-norm decoder layer carrying the residual stream separately, so that the residual
+    add and the next RMSNorm are one operation (ops.add_rms_norm)."""
+
+    def __init__(self, shape: LlamaShape, backend, ops) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.self_attn = Attention(shape, backend)
+        self.self_attn = Attention(shape, backend, ops)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.mlp = GatedMLP(shape.hidden_size, shape.intermediate_size)
+        self.mlp = GatedMLP(shape.hidden_size, shape.intermediate_size, ops)
+        self.ops = ops
+        self.eps = shape.rms_norm_eps
 
-    def forward(self, hidden, cos, sin, key_cache, value_cache, meta):
-        hidden = hidden + self.self_attn(
-            self.input_layernorm(hidden), cos, sin, key_cache, value_cache, meta
+    def forward(self, hidden, residual, rope, key_cache, value_cache, meta):
+        """(output of the previous layer, residual before it) -> the same for this layer.
+
+        residual is None for the first layer: hidden is then the embedding output.
+        """
+        if residual is None:
+            residual = hidden
+            hidden = self.ops.rms_norm(hidden, self.input_layernorm.weight, self.eps)
+        else:
+            hidden, residual = self.ops.add_rms_norm(
+                hidden, residual, self.input_layernorm.weight, self.eps
+            )
+        hidden = self.self_attn(hidden, rope, key_cache, value_cache, meta)
+        hidden, residual = self.ops.add_rms_norm(
+            hidden, residual, self.post_attention_layernorm.weight, self.eps
         )
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return self.mlp(hidden), residual
 
 
 class LlamaForCausalLM(nn.Module):
     """forward() returns final hidden states; compute_logits() runs the LM head on chosen rows."""
 
-    def __init__(self, config, backend, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(self, config, backend, max_positions: int, dtype: torch.dtype, ops=None) -> None:
         super().__init__()
         self.shape = shape = LlamaShape.from_config(config)
+        self.ops = ops = ops or TorchLayerOps()
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(shape, backend) for _ in range(shape.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(shape, backend, ops) for _ in range(shape.num_layers)
+        )
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config, shape.head_dim, max_positions, dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions)
+        hidden, residual = self.embed_tokens(input_ids), None
+        rope = self.ops.rotary_inputs(self.rotary, positions)
         for layer, key_cache, value_cache in zip(
             self.layers, kv_cache.keys, kv_cache.values, strict=True
         ):
-            hidden = layer(hidden, cos, sin, key_cache, value_cache, meta)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, rope, key_cache, value_cache, meta)
+        hidden, _ = self.ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+        return hidden
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

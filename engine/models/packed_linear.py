@@ -1,10 +1,13 @@
-"""PackedLinear: a bf16 linear layer whose weight is pre-packed in oneDNN's blocked layout.
+"""PackedLinear: a bf16 linear layer with a weight layout for each batch size.
 
 Plain F.linear in bf16 re-lays-out the weight on every call; on this class of CPU (AMX) that
-costs more than the matmul at decode batch sizes. Packing once at load time, as PyTorch's own
-inductor does with weight freezing, makes decode steps several times faster. Only used for
-bfloat16 on CPUs where oneDNN is available; float32 keeps nn.Linear (the exactness tests run
-in float32 against Hugging Face).
+costs more than the matmul at decode batch sizes. So the weight is pre-packed once in oneDNN's
+blocked layout (as PyTorch's inductor does with weight freezing) for many-row inputs. oneDNN
+still streams a packed weight at only ~10 GB/s for one row, so when the native kernels are
+built, inputs of up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few
+requests) go through small_batch_linear over the plain row-major weight instead, which keeps
+both copies (2 bytes per parameter each). Only used for bfloat16; float32 keeps nn.Linear (the
+exactness tests run in float32 against Hugging Face).
 """
 
 from __future__ import annotations
@@ -12,33 +15,40 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+SMALL_BATCH_ROWS = 4  # small_batch_linear's limit; oneDNN wins above it (measured)
+
 
 def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, kernels=None) -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.out_features = weight.shape[0]
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.kernels = kernels
+        self.weight = weight.contiguous() if kernels is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(
-            flat, self.packed_weight, self.bias, "none", [], ""
-        )
+        if self.kernels is not None and 0 < flat.shape[0] <= SMALL_BATCH_ROWS:
+            out = self.kernels.small_batch_linear(flat.contiguous(), self.weight, self.bias)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(
+                flat, self.packed_weight, self.bias, "none", [], ""
+            )
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, kernels=None) -> int:
     """Swap every bf16 nn.Linear in `model` for a PackedLinear; returns how many."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, kernels))
                 count += 1
     return count

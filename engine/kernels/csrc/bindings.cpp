@@ -1,0 +1,187 @@
+// Python bindings: check every tensor's dtype, shape and layout, then call the raw kernels.
+// The only file that includes torch; the kernels compile without it.
+#include <torch/extension.h>
+
+#include "kernels.h"
+
+namespace meterserve {
+namespace {
+
+void check_row_major(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
+}
+
+void check_same_dtype(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtypes differ (", a.scalar_type(),
+              " vs ", b.scalar_type(), ")");
+}
+
+// Indices come from our own scheduler, but a bad one would write outside a tensor: check.
+void check_indices(const int64_t* values, int64_t count, int64_t limit, const char* what) {
+  for (int64_t i = 0; i < count; ++i)
+    TORCH_CHECK(values[i] >= 0 && values[i] < limit, what, " ", values[i], " out of [0, ", limit, ")");
+}
+
+template <typename T>
+T* data(const torch::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+// Calls fn.template operator()<T>() with T = float or bf16 from the tensor's dtype.
+template <typename Fn>
+void dispatch(const torch::Tensor& t, Fn&& fn) {
+  if (t.scalar_type() == torch::kFloat32) return fn(float{});
+  TORCH_CHECK(t.scalar_type() == torch::kBFloat16, "expected float32 or bfloat16, got ",
+              t.scalar_type());
+  return fn(bf16{});
+}
+
+torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor& weight,
+                                    const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4, "x must be [1..4, K]");
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "x and weight must be contiguous");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "small_batch_linear is bfloat16 only");
+  check_same_dtype(x, weight, "small_batch_linear");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1), "weight must be [N, K]");
+  const bf16* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == weight.size(0), "bias must be [N]");
+    check_same_dtype(x, *bias, "small_batch_linear bias");
+    bias_ptr = data<bf16>(*bias);
+  }
+  auto out = torch::empty({x.size(0), weight.size(0)}, x.options());
+  small_batch_linear(data<bf16>(x), data<bf16>(weight), bias_ptr, data<bf16>(out), x.size(0),
+                     weight.size(0), x.size(1));
+  return out;
+}
+
+torch::Tensor rms_norm_op(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous inputs only");
+  check_same_dtype(x, weight, "rms_norm");
+  auto out = torch::empty_like(x);
+  const int64_t hidden = x.size(-1);
+  dispatch(x, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm<T>(data<T>(x), data<T>(weight), data<T>(out), x.numel() / hidden, hidden, eps);
+  });
+  return out;
+}
+
+void add_rms_norm_op(torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight,
+                     double eps) {
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(),
+              "add_rms_norm: contiguous inputs only");
+  TORCH_CHECK(x.sizes() == residual.sizes(), "add_rms_norm: x and residual shapes differ");
+  check_same_dtype(x, residual, "add_rms_norm");
+  check_same_dtype(x, weight, "add_rms_norm");
+  const int64_t hidden = x.size(-1);
+  dispatch(x, [&](auto tag) {
+    using T = decltype(tag);
+    add_rms_norm<T>(data<T>(x), data<T>(residual), data<T>(weight), x.numel() / hidden, hidden,
+                    eps);
+  });
+}
+
+torch::Tensor silu_and_mul_op(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
+              "silu_and_mul: contiguous [..., 2 * intermediate] input");
+  const int64_t inter = gate_up.size(-1) / 2;
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = inter;
+  auto out = torch::empty(sizes, gate_up.options());
+  dispatch(gate_up, [&](auto tag) {
+    using T = decltype(tag);
+    silu_and_mul<T>(data<T>(gate_up), data<T>(out), gate_up.numel() / (2 * inter), inter);
+  });
+  return out;
+}
+
+void rotary_op(torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& cos,
+               const torch::Tensor& sin, int64_t num_heads, int64_t head_dim) {
+  check_row_major(x, "rotary x");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) >= num_heads * head_dim, "rotary: x must be [rows, >= heads * dim]");
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous() &&
+                  positions.numel() == x.size(0),
+              "rotary: positions must be int64 [rows]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(-1) == head_dim,
+              "rotary: cos/sin must be contiguous [positions, head_dim]");
+  check_same_dtype(x, cos, "rotary");
+  check_same_dtype(x, sin, "rotary");
+  dispatch(x, [&](auto tag) {
+    using T = decltype(tag);
+    rotary_inplace<T>(data<T>(x), x.stride(0), data<int64_t>(positions), data<T>(cos),
+                      data<T>(sin), x.size(0), num_heads, head_dim);
+  });
+}
+
+void store_kv_op(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor& key_cache,
+                 torch::Tensor& value_cache, const torch::Tensor& slots) {
+  check_row_major(key, "key");
+  check_row_major(value, "value");
+  TORCH_CHECK(key.dim() == 2 && value.sizes() == key.sizes() && key.stride(0) == value.stride(0),
+              "store_kv: key and value must be [rows, width] with equal strides");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(key_cache.numel() / key_cache.size(0) == key.size(1), "store_kv: width mismatch");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == key.size(0),
+              "store_kv: slots must be int64 [rows]");
+  TORCH_CHECK(slots.is_contiguous(), "store_kv: slots must be contiguous");
+  check_indices(data<int64_t>(slots), slots.numel(), key_cache.size(0), "store_kv slot");
+  check_same_dtype(key, key_cache, "store_kv");
+  dispatch(key, [&](auto tag) {
+    using T = decltype(tag);
+    store_kv<T>(data<T>(key), data<T>(value), key.stride(0), data<T>(key_cache),
+                data<T>(value_cache), data<int64_t>(slots), key.size(0), key.size(1));
+  });
+}
+
+torch::Tensor paged_decode_attention_op(const torch::Tensor& query, const torch::Tensor& key_cache,
+                                        const torch::Tensor& value_cache,
+                                        const torch::Tensor& block_tables,
+                                        const torch::Tensor& context_lens, int64_t block_size,
+                                        double scale) {
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
+              "query must be [decodes, heads, dim] with contiguous heads");
+  TORCH_CHECK(key_cache.dim() == 3 && key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "caches must be contiguous [slots, kv_heads, dim]");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
+                  block_tables.dim() == 2 && block_tables.size(0) == query.size(0),
+              "block_tables must be int64 [decodes, max_blocks]");
+  TORCH_CHECK(context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous() &&
+                  context_lens.numel() == query.size(0),
+              "context_lens must be int64 [decodes]");
+  const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "heads must be a multiple of kv heads");
+  TORCH_CHECK(query.size(2) % 16 == 0 && query.size(2) <= 256,
+              "paged_decode_attention needs head_dim a multiple of 16, at most 256");
+  check_same_dtype(query, key_cache, "paged_decode_attention");
+  check_same_dtype(query, value_cache, "paged_decode_attention");
+  const int64_t num_blocks = key_cache.size(0) / block_size;
+  check_indices(data<int64_t>(block_tables), block_tables.numel(), num_blocks, "block id");
+  check_indices(data<int64_t>(context_lens), context_lens.numel(),
+                block_tables.size(1) * block_size + 1, "context length");
+  auto out = torch::empty({query.size(0), num_heads, query.size(2)}, query.options());
+  dispatch(query, [&](auto tag) {
+    using T = decltype(tag);
+    paged_decode_attention<T>(data<T>(query), query.stride(0), data<T>(key_cache),
+                              data<T>(value_cache), data<int64_t>(block_tables),
+                              block_tables.size(1), data<int64_t>(context_lens), data<T>(out),
+                              query.size(0), num_heads, num_kv_heads, query.size(2), block_size,
+                              scale);
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace meterserve
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace meterserve;
+  m.def("small_batch_linear", &small_batch_linear_op, "x[M<=4,K] @ weight[N,K].T (+ bias), bf16");
+  m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding");
+  m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place");
+  m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]");
+  m.def("rotary_", &rotary_op, "rotate-half RoPE in place on the first heads of each row");
+  m.def("store_kv_", &store_kv_op, "write key/value rows into cache slots");
+  m.def("paged_decode_attention", &paged_decode_attention_op, "decode attention over the paged cache");
+}

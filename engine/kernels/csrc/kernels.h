@@ -1,0 +1,47 @@
+// Raw-pointer CPU kernels. No torch headers here: bindings.cpp checks shapes and dtypes, then
+// calls these. Row-major throughout; `*_stride` arguments are in elements.
+#pragma once
+
+#include <cstdint>
+
+#include "numeric.h"
+
+namespace meterserve {
+
+// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M <= 4, K % 32 == 0; fp32 accumulate.
+// Streams the weight once for all M rows: the decode-time matrix-vector product.
+void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
+                        int64_t M, int64_t N, int64_t K);
+
+// x <- rms_norm(x) * weight per row of `hidden` elements (HF Llama rounding for bfloat16).
+template <typename T>
+void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t hidden, float eps);
+
+// residual <- residual + x; x <- rms_norm(residual) * weight. Both in place, per row.
+template <typename T>
+void add_rms_norm(T* x, T* residual, const T* weight, int64_t rows, int64_t hidden, float eps);
+
+// out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:], rounding after silu as torch does.
+template <typename T>
+void silu_and_mul(const T* gate_up, T* out, int64_t rows, int64_t inter);
+
+// Rotate-half RoPE in place on `num_heads` heads of each row (HF convention, cos/sin tables
+// [max_positions, head_dim] whose halves repeat).
+template <typename T>
+void rotary_inplace(T* x, int64_t row_stride, const int64_t* positions, const T* cos,
+                    const T* sin, int64_t rows, int64_t num_heads, int64_t head_dim);
+
+// cache[slots[i], :] = src[i, :] for `width` elements per row, for keys and values.
+template <typename T>
+void store_kv(const T* key, const T* value, int64_t src_stride, T* key_cache, T* value_cache,
+              const int64_t* slots, int64_t rows, int64_t width);
+
+// One query token per request over its paged context; see paged_attention.cpp.
+template <typename T>
+void paged_decode_attention(const T* query, int64_t query_stride, const T* key_cache,
+                            const T* value_cache, const int64_t* block_tables,
+                            int64_t max_blocks, const int64_t* context_lens, T* out,
+                            int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t block_size, float scale);
+
+}  // namespace meterserve

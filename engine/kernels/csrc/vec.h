@@ -1,0 +1,78 @@
+// 16-lane float vectors (AVX-512) over float or bf16 memory, with torch's rounding.
+//
+// load() widens to fp32, store() rounds to the element type (nearest even, as torch does),
+// round() rounds in a register without storing. `count` variants touch only the first
+// `count` (< 16) elements, for row tails.
+#pragma once
+
+#include <immintrin.h>
+
+#include "numeric.h"
+
+namespace meterserve {
+
+constexpr int kVecLanes = 16;
+
+inline __mmask16 lanes(int64_t count) {
+  return count >= kVecLanes ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
+inline __m512 load(const float* p, int64_t count = kVecLanes) {
+  return _mm512_maskz_loadu_ps(lanes(count), p);
+}
+
+inline __m512 load(const bf16* p, int64_t count = kVecLanes) {
+  const __m256i half = _mm256_maskz_loadu_epi16(lanes(count), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Round-to-nearest-even to bf16 precision, result still in fp32 lanes (low 16 bits zero).
+// NaNs are not special-cased: activations here never hold them.
+inline __m512i bf16_rounded_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  return _mm512_and_si512(_mm512_add_epi32(bits, bias), _mm512_set1_epi32(int(0xFFFF0000)));
+}
+
+template <typename T>
+inline __m512 round(__m512 v);
+
+template <>
+inline __m512 round<float>(__m512 v) {
+  return v;
+}
+
+template <>
+inline __m512 round<bf16>(__m512 v) {
+  return _mm512_castsi512_ps(bf16_rounded_bits(v));
+}
+
+inline void store(float* p, __m512 v, int64_t count = kVecLanes) {
+  _mm512_mask_storeu_ps(p, lanes(count), v);
+}
+
+inline void store(bf16* p, __m512 v, int64_t count = kVecLanes) {
+  const __m512i high = _mm512_srli_epi32(bf16_rounded_bits(v), 16);
+  _mm256_mask_storeu_epi16(p, lanes(count), _mm512_cvtepi32_epi16(high));
+}
+
+// e^x to ~1 ulp: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
+// (remainder < 2e-7 relative), times 2^n.
+inline __m512 exp(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace meterserve
