@@ -44,6 +44,12 @@ class LoadedCheckpoint:
     name: str  # a display name, e.g. "SmolLM2-135M-Instruct"
     source: str  # the resolved path
 
+    @property
+    def gguf_path(self) -> Path | None:
+        """The GGUF file the weights were converted from, if any."""
+        path = Path(self.source)
+        return path if _is_gguf(path) else None
+
 
 def default_model_path() -> Path:
     """The embedded GGUF, found without importing its package (its __init__ needs extras)."""

@@ -20,7 +20,8 @@ from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint
 from engine.models import MODEL_FAMILIES
 from engine.models.layer_ops import make_layer_ops
-from engine.models.packed_linear import pack_linears, packing_available
+from engine.models.packed_linear import PackedLinear, pack_linears, packing_available
+from engine.quantized_weights import read_quantized_weights, repack
 from engine.sampler import Sampler
 from scheduler.output import RunnerOutput, SchedulerOutput
 
@@ -79,8 +80,26 @@ class ModelRunner:
         self.num_params = _count_params(self.model)
         if self.dtype == torch.bfloat16 and packing_available():
             pack_linears(self.model, self.kernels)
+            if self.kernels is not None and config.gguf_matvec:
+                self.num_gguf_matvec_layers = self._use_gguf_blocks(checkpoint)
         self.sampler = Sampler()
         self.kv_cache: KVCacheTensors | None = None
+
+    num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks
+
+    def _use_gguf_blocks(self, checkpoint: LoadedCheckpoint) -> int:
+        if checkpoint.gguf_path is None:
+            return 0
+        blocks = read_quantized_weights(
+            checkpoint.gguf_path, checkpoint.config, checkpoint.state_dict
+        )
+        count = 0
+        for module, weight in self.model.quantized_linears(blocks):
+            if isinstance(module, PackedLinear) and module.bias is None:
+                module.use_quantized(repack(weight))
+                count += 1
+        log.info("%d linear layers run decode matvecs on GGUF blocks", count)
+        return count
 
     @property
     def dtype_bytes(self) -> int:

@@ -20,7 +20,13 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ["bindings.cpp", "small_batch_linear.cpp", "elementwise.cpp", "paged_attention.cpp"]
+SOURCES = [
+    "bindings.cpp",
+    "small_batch_linear.cpp",
+    "quantized_linear.cpp",
+    "elementwise.cpp",
+    "paged_attention.cpp",
+]
 HEADERS = ["kernels.h", "numeric.h", "vec.h"]
 # -march=native is safe: the module is built on the machine that runs it.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]

@@ -17,6 +17,7 @@ from torch import nn
 from engine.attention.metadata import AttentionMetadata
 from engine.models.layer_ops import RotaryInputs, TorchLayerOps
 from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from engine.quantized_weights import QuantizedTensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,26 +186,41 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"weights missing from checkpoint: {sorted(missing)[:5]}")
 
     def _load_layer(self, i: int, sd: dict[str, torch.Tensor], put) -> None:
-        src, dst = f"layers.{i}.", f"layers.{i}."
-        attn = src + "self_attn."
-        put(
-            dst + "self_attn.qkv_proj.weight",
-            torch.cat([sd[attn + f"{p}_proj.weight"] for p in "qkv"]),
-        )
+        prefix = f"layers.{i}."
+        for ours, sources in LINEAR_SOURCES.items():
+            put(f"{prefix}{ours}.weight", torch.cat([sd[f"{prefix}{s}.weight"] for s in sources]))
         if self.shape.attention_bias:
+            sources = LINEAR_SOURCES["self_attn.qkv_proj"]
             put(
-                dst + "self_attn.qkv_proj.bias",
-                torch.cat([sd[attn + f"{p}_proj.bias"] for p in "qkv"]),
+                f"{prefix}self_attn.qkv_proj.bias",
+                torch.cat([sd[f"{prefix}{s}.bias"] for s in sources]),
             )
-        put(dst + "self_attn.o_proj.weight", sd[attn + "o_proj.weight"])
         if self.shape.qk_norm:
-            put(dst + "self_attn.q_norm.weight", sd[attn + "q_norm.weight"])
-            put(dst + "self_attn.k_norm.weight", sd[attn + "k_norm.weight"])
-        mlp = src + "mlp."
-        put(
-            dst + "mlp.gate_up_proj.weight",
-            torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]]),
-        )
-        put(dst + "mlp.down_proj.weight", sd[mlp + "down_proj.weight"])
-        put(dst + "input_layernorm.weight", sd[src + "input_layernorm.weight"])
-        put(dst + "post_attention_layernorm.weight", sd[src + "post_attention_layernorm.weight"])
+            for norm in ("self_attn.q_norm", "self_attn.k_norm"):
+                put(f"{prefix}{norm}.weight", sd[f"{prefix}{norm}.weight"])
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            put(f"{prefix}{norm}.weight", sd[f"{prefix}{norm}.weight"])
+
+    def quantized_linears(self, quantized: dict[str, QuantizedTensor]):
+        """(our linear module, its weight as GGUF blocks) for every linear whose source
+        weights all have blocks, fused the way load_weights fuses the float weights."""
+        found = {k.removeprefix("model."): v for k, v in quantized.items()}
+        head = found.get("lm_head.weight")
+        if head is None or self.shape.tie_word_embeddings:
+            head = found.get("embed_tokens.weight")  # as load_weights picks the float head
+        if head is not None:
+            yield self.lm_head, head
+        for i, layer in enumerate(self.layers):
+            for ours, sources in LINEAR_SOURCES.items():
+                parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
+                if all(p is not None for p in parts):
+                    yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
+
+
+# Our fused linear layers and the Hugging Face weights stacked (by rows) into each.
+LINEAR_SOURCES = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}

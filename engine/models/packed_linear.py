@@ -6,7 +6,8 @@ blocked layout (as PyTorch's inductor does with weight freezing) for many-row in
 still streams a packed weight at only ~10 GB/s for one row, so when the native kernels are
 built, inputs of up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few
 requests) go through small_batch_linear over the plain row-major weight instead, which keeps
-both copies (2 bytes per parameter each). Only used for bfloat16; float32 keeps nn.Linear (the
+both copies (2 bytes per parameter each), or, for a GGUF model, through quantized_linear over
+the file's own 4/8-bit blocks (use_quantized), a quarter of the bytes to stream. Only used for bfloat16; float32 keeps nn.Linear (the
 exactness tests run in float32 against Hugging Face).
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from engine.quantized_weights import RepackedWeight
 
 SMALL_BATCH_ROWS = 4  # small_batch_linear's limit; oneDNN wins above it (measured)
 
@@ -31,16 +34,30 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.kernels = kernels
         self.weight = weight.contiguous() if kernels is not None else None
+        self.quantized: RepackedWeight | None = None  # set by use_quantized()
+
+    def use_quantized(self, weight: RepackedWeight) -> None:
+        """Serve small batches from GGUF blocks (equal to this layer's float weight)."""
+        if self.kernels is None or self.bias is not None:
+            raise ValueError("quantized small-batch path needs the kernels and no bias")
+        self.quantized = weight
+        self.weight = None  # the bf16 row-major copy is no longer read
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if self.kernels is not None and 0 < flat.shape[0] <= SMALL_BATCH_ROWS:
-            out = self.kernels.small_batch_linear(flat.contiguous(), self.weight, self.bias)
+            out = self._small_batch(flat.contiguous())
         else:
             out = torch.ops.mkldnn._linear_pointwise(
                 flat, self.packed_weight, self.bias, "none", [], ""
             )
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _small_batch(self, flat: torch.Tensor) -> torch.Tensor:
+        q = self.quantized
+        if q is None:
+            return self.kernels.small_batch_linear(flat, self.weight, self.bias)
+        return self.kernels.quantized_linear(flat, q.kind_id, q.codes, q.scales, q.mins)
 
 
 def pack_linears(model: nn.Module, kernels=None) -> int:

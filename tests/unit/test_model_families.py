@@ -123,8 +123,11 @@ def _hf_greedy(model, prompt: list[int]) -> tuple[list[int], float]:
     return out.sequences[0, len(prompt) :].tolist(), min(margins)
 
 
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "plain-torch"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_tiny_model_greedy_equals_hugging_face(family: str, tmp_path: Path) -> None:
+def test_tiny_model_greedy_equals_hugging_face(
+    family: str, cpu_kernels: bool, tmp_path: Path
+) -> None:
     model = _build_model(family, tmp_path)
     prompts = _prompts()
     expected = []
@@ -140,7 +143,8 @@ def test_tiny_model_greedy_equals_hugging_face(family: str, tmp_path: Path) -> N
         block_size=4,
         kv_cache_bytes=1 << 20,
         max_num_batched_tokens=16,
-        attention_backend="batched",
+        attention_backend="auto" if cpu_kernels else "batched",
+        cpu_kernels=cpu_kernels,
     )
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
     assert [o.token_ids for o in outputs] == expected

@@ -56,6 +56,33 @@ torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor&
   return out;
 }
 
+// kind 0 = Q4_1: codes uint8 [N, K / 2], scales and mins float32 [N, K / 32];
+// kind 1 = Q8_0: codes int8 [N, K], scales float32 [N, K / 32], no mins.
+torch::Tensor quantized_linear_op(const torch::Tensor& x, int64_t kind, const torch::Tensor& codes,
+                                  const torch::Tensor& scales,
+                                  const c10::optional<torch::Tensor>& mins) {
+  TORCH_CHECK(kind == 0 || kind == 1, "quantized_linear: kind must be 0 (Q4_1) or 1 (Q8_0)");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4, "x must be [1..4, K]");
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous bfloat16");
+  const int64_t K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(K % 32 == 0, "quantized_linear: K must be a multiple of 32");
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2 && codes.element_size() == 1 &&
+                  codes.size(1) == (kind == 0 ? K / 2 : K),
+              "codes must be contiguous [N, K / 2] (Q4_1) or [N, K] (Q8_0) bytes");
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 &&
+                  scales.numel() == N * (K / 32),
+              "scales must be contiguous float32 [N, K / 32]");
+  TORCH_CHECK(kind == 1 || (mins.has_value() && mins->is_contiguous() &&
+                            mins->scalar_type() == torch::kFloat32 && mins->numel() == N * (K / 32)),
+              "Q4_1 needs mins, contiguous float32 [N, K / 32]");
+  const QuantizedWeight weight{static_cast<QuantKind>(kind),
+                               reinterpret_cast<const uint8_t*>(codes.data_ptr()),
+                               data<float>(scales), kind == 0 ? data<float>(*mins) : nullptr};
+  auto out = torch::empty({x.size(0), N}, x.options());
+  quantized_linear(data<bf16>(x), weight, data<bf16>(out), x.size(0), N, K);
+  return out;
+}
+
 torch::Tensor rms_norm_op(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous inputs only");
   check_same_dtype(x, weight, "rms_norm");
@@ -178,6 +205,7 @@ torch::Tensor paged_decode_attention_op(const torch::Tensor& query, const torch:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace meterserve;
   m.def("small_batch_linear", &small_batch_linear_op, "x[M<=4,K] @ weight[N,K].T (+ bias), bf16");
+  m.def("quantized_linear", &quantized_linear_op, "x[M<=4,K] @ dequantize(Q4_1/Q8_0 blocks).T");
   m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding");
   m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place");
   m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]");

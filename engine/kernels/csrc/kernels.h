@@ -13,6 +13,22 @@ namespace meterserve {
 void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
                         int64_t M, int64_t N, int64_t K);
 
+enum class QuantKind : int { kQ4_1 = 0, kQ8_0 = 1 };
+
+// A [N, K] weight in 32-weight blocks along K: codes [N, K / 32, 16] (Q4_1: nibbles, ggml
+// order) or [N, K / 32, 32] (Q8_0: int8); scales and mins fp32 [N, K / 32] (mins: Q4_1 only).
+struct QuantizedWeight {
+  QuantKind kind;
+  const uint8_t* codes;
+  const float* scales;
+  const float* mins;
+};
+
+// out[m, n] = x[m, :] . dequantize(weight)[n, :], m < M <= 4, K % 32 == 0: the product of
+// small_batch_linear over 4- or 8-bit weights.
+void quantized_linear(const bf16* x, const QuantizedWeight& weight, bf16* out, int64_t M,
+                      int64_t N, int64_t K);
+
 // x <- rms_norm(x) * weight per row of `hidden` elements (HF Llama rounding for bfloat16).
 template <typename T>
 void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t hidden, float eps);

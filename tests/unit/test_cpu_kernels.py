@@ -1,0 +1,149 @@
+"""The native CPU kernels against the plain-torch code they replace (STYLE 11).
+
+bfloat16 results of the row-wise kernels must equal torch's bit for bit (they round where the
+torch chain rounds) except where an fp32 exp or sum order differs; matmul kernels are compared
+with fp32 references at bf16 output precision. Paged attention is covered with the other
+backends in test_paged_attention.py. Skipped where the kernels cannot be built (no AVX512-BF16
+or no compiler): the plain-torch path then serves and is tested everywhere else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.kernels import load_cpu_kernels
+from engine.models.layer_ops import KernelLayerOps, TorchLayerOps
+from engine.models.layers import RotaryEmbedding
+from engine.quantized_weights import BLOCK_BYTES, QuantizedTensor, repack
+
+kernels = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels not available")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _ops():
+    return TorchLayerOps(), KernelLayerOps(kernels)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (5, 40), (33, 96)])
+def test_rms_norm_and_fused_add_match_torch(dtype, rows, hidden) -> None:
+    torch.manual_seed(rows + hidden)
+    reference, fused = _ops()
+    x, residual = torch.randn(rows, hidden, dtype=dtype), torch.randn(rows, hidden, dtype=dtype)
+    weight = torch.randn(hidden, dtype=dtype)
+    exact = {"atol": 0, "rtol": 0} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(
+        fused.rms_norm(x, weight, 1e-5), reference.rms_norm(x, weight, 1e-5), **exact
+    )
+    want_normed, want_residual = reference.add_rms_norm(x, residual, weight, 1e-5)
+    got_normed, got_residual = fused.add_rms_norm(x.clone(), residual.clone(), weight, 1e-5)
+    torch.testing.assert_close(got_residual, want_residual, atol=0, rtol=0)
+    torch.testing.assert_close(got_normed, want_normed, **exact)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_torch(dtype) -> None:
+    torch.manual_seed(1)
+    gate_up = torch.randn(19, 2 * 72, dtype=dtype) * 4
+    reference, fused = _ops()
+    # fp32 exp differs from torch's in the last bit or so: one bf16 ulp at most.
+    tolerance = (
+        {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0, "rtol": 8e-3}
+    )
+    torch.testing.assert_close(
+        fused.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), **tolerance
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_in_place_matches_torch(dtype) -> None:
+    from transformers import LlamaConfig
+
+    torch.manual_seed(2)
+    heads, kv_heads, head_dim = 4, 2, 64
+    rotary = RotaryEmbedding(LlamaConfig(head_dim=head_dim), head_dim, 256, dtype)
+    qkv = torch.randn(7, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    positions = torch.tensor([0, 1, 5, 17, 100, 255, 3])
+    reference, fused = _ops()
+    want = reference.rotate_heads(
+        qkv, reference.rotary_inputs(rotary, positions), heads + kv_heads, head_dim
+    )
+    got_qkv = qkv.clone()
+    got = fused.rotate_heads(
+        got_qkv, fused.rotary_inputs(rotary, positions), heads + kv_heads, head_dim
+    )
+    exact = {"atol": 0, "rtol": 0} if dtype == torch.bfloat16 else {"atol": 1e-6, "rtol": 1e-6}
+    torch.testing.assert_close(got, want, **exact)
+    # v (after q and k) is untouched.
+    v_start = (heads + kv_heads) * head_dim
+    assert torch.equal(got_qkv[:, v_start:], qkv[:, v_start:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_writes_rows_at_slots(dtype) -> None:
+    qkv = torch.randn(3, 5 * 8, dtype=dtype)
+    key, value = qkv[:, 16:24], qkv[:, 32:40]  # strided views, as in the model
+    key_cache = torch.zeros(10, 2, 4, dtype=dtype)
+    value_cache = torch.zeros(10, 2, 4, dtype=dtype)
+    slots = torch.tensor([7, 0, 3])
+    kernels.store_kv_(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache[slots].reshape(3, -1), key)
+    assert torch.equal(value_cache[slots].reshape(3, -1), value)
+    assert key_cache[[1, 2, 4, 5, 6, 8, 9]].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="out of"):
+        kernels.store_kv_(key, value, key_cache, value_cache, torch.tensor([7, 0, 10]))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("features", [(96, 576), (40, 80)])  # K = 80: a masked 16-lane tail
+def test_small_batch_linear_matches_fp32_matmul(rows, features) -> None:
+    torch.manual_seed(rows)
+    n, k = features
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    want = (x.float() @ weight.float().T + bias.float()).bfloat16()
+    got = kernels.small_batch_linear(x, weight, bias)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+
+
+def _random_blocks(kind: str, rows: int, cols: int, seed: int) -> QuantizedTensor:
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // 32, BLOCK_BYTES[kind]), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, size=(rows, cols // 32, 2)).astype(np.float16)
+    blocks[..., 0:2] = scales[..., :1].view(np.uint8)
+    if kind == "q4_1":
+        blocks[..., 2:4] = (-scales[..., 1:] * 8).astype(np.float16).view(np.uint8)
+    return QuantizedTensor(kind, torch.from_numpy(blocks.reshape(rows, -1)), cols)
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_dequantize_equals_gguf_reference(kind) -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    weight = _random_blocks(kind, 6, 96, seed=3)
+    gguf_type = GGMLQuantizationType.Q4_1 if kind == "q4_1" else GGMLQuantizationType.Q8_0
+    want = quants.dequantize(weight.blocks.numpy(), gguf_type)
+    assert torch.equal(weight.dequantize(), torch.from_numpy(want).reshape(6, 96))
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_quantized_linear_matches_dequantized_matmul(kind, rows) -> None:
+    weight = _random_blocks(kind, 70, 192, seed=rows)
+    x = torch.randn(rows, 192, dtype=torch.bfloat16)
+    want = (x.float() @ weight.dequantize().T).bfloat16()
+    packed = repack(weight)
+    got = kernels.quantized_linear(x, packed.kind_id, packed.codes, packed.scales, packed.mins)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+
+
+def test_fused_rows_keep_their_blocks() -> None:
+    a, b = _random_blocks("q4_1", 3, 64, seed=5), _random_blocks("q4_1", 2, 64, seed=6)
+    fused = QuantizedTensor.concat([a, b])
+    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    order = torch.tensor([4, 0, 2, 1, 3])
+    assert torch.equal(fused.take_rows(order).dequantize(), fused.dequantize()[order])
