@@ -28,8 +28,16 @@ COPY . .
 RUN --mount=type=cache,target=/root/.cache/pip \
     make install TORCH_INDEX_URL="${TORCH_INDEX_URL}"
 
-# ---- runtime: slim image, same Python, no compilers, non-root ----
+# ---- runtime: slim image, same Python, non-root ----
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+
+# g++: the native CPU kernels (engine/kernels) are compiled with -march=native on first start,
+# for the CPU the container actually runs on (~40 s, cached in ~/.cache/meterserve/kernels).
+# Without it the server still runs, on the plain-torch path.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 
 # The cache directory exists in the image, owned by the user, so a volume mounted there
 # (compose does) inherits that ownership; the server converts the GGUF into it on first start.

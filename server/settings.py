@@ -45,6 +45,8 @@ _ENGINE_FIELDS = (
     "enable_prefix_caching",
     "scheduling_policy",
     "attention_backend",
+    "cpu_kernels",
+    "gguf_matvec",
     "num_threads",
     "debug_fault_token_id",
 )
@@ -154,7 +156,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    p.add_argument("--attention-backend", choices=["auto", "reference", "batched"], default="auto")
+    p.add_argument(
+        "--attention-backend",
+        choices=["auto", "reference", "batched", "cpu_kernels"],
+        default="auto",
+    )
+    p.add_argument(
+        "--cpu-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="native C++ kernels for decode (built on first use; falls back to plain torch)",
+    )
+    p.add_argument(
+        "--gguf-matvec",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GGUF models: decode matvecs read the file's quantized blocks",
+    )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
         "--max-waiting-requests",
