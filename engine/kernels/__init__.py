@@ -24,10 +24,11 @@ SOURCES = [
     "bindings.cpp",
     "small_batch_linear.cpp",
     "quantized_linear.cpp",
+    "amx_linear.cpp",
     "elementwise.cpp",
     "paged_attention.cpp",
 ]
-HEADERS = ["kernels.h", "numeric.h", "vec.h"]
+HEADERS = ["kernels.h", "numeric.h", "paged_attention_amx.h", "vec.h"]
 # -march=native is safe: the module is built on the machine that runs it.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")

@@ -26,15 +26,25 @@ def packing_available() -> bool:
 
 
 class PackedLinear(nn.Module):
+    """Owns one linear layer's weight in the layouts its batch sizes need:
+    rows <= SMALL_BATCH_ROWS: `weight` (row-major) or `quantized` (GGUF blocks), via kernels;
+    more rows: `amx_weight` (AMX tiles, when the kernels have AMX and the shape tiles evenly),
+    else `packed_weight` (oneDNN)."""
+
     def __init__(self, linear: nn.Linear, kernels=None) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        self.out_features = weight.shape[0]
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.out_features, in_features = weight.shape
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.kernels = kernels
         self.weight = weight.contiguous() if kernels is not None else None
         self.quantized: RepackedWeight | None = None  # set by use_quantized()
+        self.amx_weight = None
+        self.packed_weight = None
+        if _amx_fits(kernels, self.out_features, in_features):
+            self.amx_weight = kernels.amx_pack_weight(weight)
+        else:
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
     def use_quantized(self, weight: RepackedWeight) -> None:
         """Serve small batches from GGUF blocks (equal to this layer's float weight)."""
@@ -47,6 +57,8 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if self.kernels is not None and 0 < flat.shape[0] <= SMALL_BATCH_ROWS:
             out = self._small_batch(flat.contiguous())
+        elif self.amx_weight is not None:
+            out = self.kernels.amx_linear(flat, self.amx_weight, self.bias)
         else:
             out = torch.ops.mkldnn._linear_pointwise(
                 flat, self.packed_weight, self.bias, "none", [], ""
@@ -58,6 +70,12 @@ class PackedLinear(nn.Module):
         if q is None:
             return self.kernels.small_batch_linear(flat, self.weight, self.bias)
         return self.kernels.quantized_linear(flat, q.kind_id, q.codes, q.scales, q.mins)
+
+
+def _amx_fits(kernels, out_features: int, in_features: int) -> bool:
+    if kernels is None or not kernels.amx_available():
+        return False
+    return out_features % 32 == 0 and in_features % 32 == 0
 
 
 def pack_linears(model: nn.Module, kernels=None) -> int:

@@ -147,3 +147,29 @@ def test_fused_rows_keep_their_blocks() -> None:
     assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
     order = torch.tensor([4, 0, 2, 1, 3])
     assert torch.equal(fused.take_rows(order).dequantize(), fused.dequantize()[order])
+
+
+def test_amx_pack_layout_is_the_documented_one() -> None:
+    if not kernels.amx_available():
+        pytest.skip("no AMX on this CPU")
+    weight = torch.arange(64 * 96, dtype=torch.float32).reshape(64, 96).bfloat16()
+    packed = kernels.amx_pack_weight(weight)
+    n, k = 37, 70  # packed[n / 16][k / 32][(k % 32) / 2][n % 16][k % 2] = weight[n][k]
+    assert packed[n // 16, k // 32, (k % 32) // 2, n % 16, k % 2] == weight[n, k]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 31, 32, 33, 64, 100])
+def test_amx_linear_matches_fp32_matmul(rows) -> None:
+    if not kernels.amx_available():
+        pytest.skip("no AMX on this CPU")
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    weight = torch.randn(64, 96, dtype=torch.bfloat16)
+    bias = torch.randn(64, dtype=torch.bfloat16)
+    want = (x.float() @ weight.float().T + bias.float()).bfloat16()
+    got = kernels.amx_linear(x, kernels.amx_pack_weight(weight), bias)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    no_bias = kernels.amx_linear(x, kernels.amx_pack_weight(weight), None)
+    torch.testing.assert_close(
+        no_bias, (x.float() @ weight.float().T).bfloat16(), atol=1e-2, rtol=1e-2
+    )

@@ -83,6 +83,45 @@ torch::Tensor quantized_linear_op(const torch::Tensor& x, int64_t kind, const to
   return out;
 }
 
+// [N, K] bf16 -> the AMX tile layout amx_linear reads (N % 32 == 0, K % 32 == 0).
+torch::Tensor amx_pack_weight_op(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
+              "weight must be bfloat16 [N, K]");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(N % 32 == 0 && K % 32 == 0, "amx_pack_weight: N and K must be multiples of 32");
+  // [n_tile, j, k_tile, r, p] -> [n_tile, k_tile, r, j, p]
+  return weight.reshape({N / 16, 16, K / 32, 16, 2}).permute({0, 2, 3, 1, 4}).contiguous();
+}
+
+torch::Tensor amx_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
+                            const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(amx_available(), "AMX is not available to this process");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x must be bfloat16 [M, K]");
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == torch::kBFloat16 &&
+                  packed.is_contiguous() && packed.size(2) == 16 && packed.size(3) == 16 &&
+                  packed.size(4) == 2,
+              "packed must come from amx_pack_weight");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * 16;
+  TORCH_CHECK(packed.size(1) * 32 == K, "amx_linear: K of x and weight differ");
+  const bf16* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
+                    bias->scalar_type() == torch::kBFloat16,
+                "bias must be bfloat16 [N]");
+    bias_ptr = data<bf16>(*bias);
+  }
+  const int64_t padded_rows = (M + 31) / 32 * 32;
+  torch::Tensor rows = x.contiguous();
+  if (padded_rows != M) {
+    rows = torch::zeros({padded_rows, K}, x.options());
+    rows.narrow(0, 0, M).copy_(x);
+  }
+  auto out = torch::empty({M, N}, x.options());
+  amx_linear(data<bf16>(rows), data<bf16>(packed), bias_ptr, data<bf16>(out), M, padded_rows, N,
+             K);
+  return out;
+}
+
 torch::Tensor rms_norm_op(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous inputs only");
   check_same_dtype(x, weight, "rms_norm");
@@ -206,6 +245,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace meterserve;
   m.def("small_batch_linear", &small_batch_linear_op, "x[M<=4,K] @ weight[N,K].T (+ bias), bf16");
   m.def("quantized_linear", &quantized_linear_op, "x[M<=4,K] @ dequantize(Q4_1/Q8_0 blocks).T");
+  m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
+  m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout");
+  m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16");
   m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding");
   m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place");
   m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]");

@@ -13,6 +13,15 @@ namespace meterserve {
 void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
                         int64_t M, int64_t N, int64_t K);
 
+// True once this process may use AMX tiles (Linux grants them on request).
+bool amx_available();
+
+// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]) on AMX, m < M. x is [padded_rows, K] with
+// padded_rows a multiple of 32 (rows >= M are zeros), N % 32 == 0, K % 32 == 0; `packed` is the
+// weight in tiles: packed[n / 16][k / 32][(k % 32) / 2][n % 16][k % 2] = weight[n][k].
+void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
+                int64_t padded_rows, int64_t N, int64_t K);
+
 enum class QuantKind : int { kQ4_1 = 0, kQ8_0 = 1 };
 
 // A [N, K] weight in 32-weight blocks along K: codes [N, K / 32, 16] (Q4_1: nibbles, ggml

@@ -1,0 +1,115 @@
+// bf16 matrix multiply on AMX tiles, for batches of more than 4 rows (batched decode, prefill).
+//
+// oneDNN reaches only 0.4-0.7 TFLOP/s on this model's small layers (N, K of a few hundred) at
+// decode batch sizes; the AMX units do a 16x16x32 bf16 tile product per instruction.
+// The weight is packed once (amx_pack_weight layout, see kernels.h) so that each 16-column x
+// 32-deep slice is one contiguous 1 KB tile in AMX's pair-interleaved ("VNNI") form:
+//   packed[n_tile][k_tile][r][j][p] = weight[16 n_tile + j][32 k_tile + 2 r + p]
+// out[m, n] = sum_k x[m, k] weight[n, k] (+ bias[n]), fp32 accumulation, rounded once to bf16.
+//
+// Blocking: 32 x 32 output blocks held in four accumulator tiles (2 x 2), so each loaded
+// A (activation) and B (weight) tile feeds two tile products. Rows go in chunks that keep
+// their activations in L2; within a chunk the threads split the 32-column blocks.
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "kernels.h"
+#include "vec.h"
+
+namespace meterserve {
+namespace {
+
+constexpr int64_t kTileRows = 16, kTileDepth = 32;  // bf16 elements per tile row
+constexpr int64_t kBlock = 32;                        // output rows / cols per 2x2 block
+constexpr int64_t kRowsPerChunk = 256;                 // activation rows kept hot in L2
+constexpr int64_t kTileElements = kTileRows * kTileDepth;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig eight_full_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kTileRows;
+  return config;
+}
+
+// One 32 x 32 output block: rows [m0, m0 + 32) of x (padded), columns [n0, n0 + 32).
+// Tiles: 0-3 accumulators (row half i, column half j -> 2 i + j), 4-5 x, 6-7 weight.
+void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
+                    float* block) {
+  const int64_t k_tiles = K / kTileDepth;
+  const bf16* weight0 = packed + (n0 / kTileRows) * k_tiles * kTileElements;
+  const bf16* weight1 = weight0 + k_tiles * kTileElements;
+  const int64_t x_stride = K * sizeof(bf16);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    _tile_loadd(4, x + m0 * K + kt * kTileDepth, x_stride);
+    _tile_loadd(5, x + (m0 + kTileRows) * K + kt * kTileDepth, x_stride);
+    _tile_loadd(6, weight0 + kt * kTileElements, 64);
+    _tile_loadd(7, weight1 + kt * kTileElements, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  const int64_t stride = kBlock * sizeof(float);
+  _tile_stored(0, block, stride);
+  _tile_stored(1, block + kTileRows, stride);
+  _tile_stored(2, block + kTileRows * kBlock, stride);
+  _tile_stored(3, block + kTileRows * kBlock + kTileRows, stride);
+}
+
+void write_block(const float* block, const bf16* bias, bf16* out, int64_t rows, int64_t N,
+                 int64_t m0, int64_t n0) {
+  const __m512 bias_lo = bias ? load(bias + n0) : _mm512_setzero_ps();
+  const __m512 bias_hi = bias ? load(bias + n0 + kVecLanes) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    bf16* dst = out + (m0 + r) * N + n0;
+    store(dst, _mm512_add_ps(_mm512_load_ps(block + r * kBlock), bias_lo));
+    store(dst + kVecLanes, _mm512_add_ps(_mm512_load_ps(block + r * kBlock + kVecLanes), bias_hi));
+  }
+}
+
+}  // namespace
+
+bool amx_available() {
+  // Linux hands out the AMX tile state only on request (once per process).
+  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  static const bool granted =
+      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+
+void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
+                int64_t padded_rows, int64_t N, int64_t K) {
+  const TileConfig config = eight_full_tiles();
+  for (int64_t chunk = 0; chunk < padded_rows; chunk += kRowsPerChunk) {
+    const int64_t chunk_end = std::min(padded_rows, chunk + kRowsPerChunk);
+#pragma omp parallel
+    {
+      _tile_loadconfig(&config);  // tile state is per thread
+      alignas(64) float block[kBlock * kBlock];
+#pragma omp for schedule(static)
+      for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+        for (int64_t m0 = chunk; m0 < chunk_end; m0 += kBlock) {
+          multiply_block(x, packed, K, m0, n0, block);
+          write_block(block, bias, out, std::min(kBlock, M - m0), N, m0, n0);
+        }
+      }
+      _tile_release();
+    }
+  }
+}
+
+}  // namespace meterserve
