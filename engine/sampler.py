@@ -29,11 +29,12 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, chunks: list[ScheduledChunk]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: [len(chunks), vocab] float32, row i belongs to chunks[i]."""
+        """logits: [len(chunks), vocab] (any float dtype), row i belongs to chunks[i]."""
         if not any(_needs_processing(c) for c in chunks):
+            # Greedy needs no float32 copy: widening bf16 is exact and keeps the order.
             # max(...).indices: same first-maximum rule as argmax, measurably faster on CPU.
             return logits.max(dim=-1).indices.tolist(), [None] * len(chunks)
-        logits = logits.clone()
+        logits = logits.to(torch.float32, copy=True)  # processors write into it
         for row, chunk in enumerate(chunks):
             _apply_logit_processors(logits[row], chunk)
         logprobs_all = None

@@ -156,7 +156,8 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """Logits in the model's dtype; the sampler widens them only when it must."""
+        return self.lm_head(hidden)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy HF-named weights in, fusing q/k/v and gate/up; fail loudly on anything missing."""
