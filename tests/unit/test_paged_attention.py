@@ -169,3 +169,21 @@ def test_backends_agree_with_each_other() -> None:
     outs = [_run_backend(name, MIXED, torch.float32, 7)[-1] for name in names]
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama_shaped_decodes_on_kernels(dtype, monkeypatch) -> None:
+    """SmolLM2's attention shape (9 query heads over 3 kv heads, head_dim 64) with 16-token
+    blocks: the shape the kernels' AMX scoring path takes (block_size % 16 == 0)."""
+    module = __import__(__name__, fromlist=["_"])
+    for name, value in {
+        "NUM_HEADS": 9,
+        "NUM_KV_HEADS": 3,
+        "HEAD_DIM": 64,
+        "BLOCK_SIZE": 16,
+    }.items():
+        monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(module, "SCALE", 64**-0.5)
+    cases = [RequestCase(s, 1) for s in (0, 14, 15, 16, 17, 40, 47, 63)] + [RequestCase(5, 9)]
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    _check_against_dense(cases, dtype, 8, "cpu_kernels", atol=tolerance, rtol=tolerance)

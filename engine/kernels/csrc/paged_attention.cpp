@@ -1,96 +1,534 @@
 // Decode attention that reads K/V where they lie in the paged cache.
 //
-// One work item = (request d, kv head h): the `group` query heads that share kv head h
-// (query head q reads kv head q / group, as in HF's GQA) score all context positions, take a
-// softmax in fp32, and sum the values. No gather copy, no padding to the longest request.
+// One request's query token: every query head scores all context positions, takes a softmax
+// in fp32 and sums the values (query head q reads kv head q / group, as in HF's GQA). No gather
+// copy, no padding to the longest request.
 //
 //   position t of request d lives at slot block_tables[d, t / block_size] * block_size
 //                                        + t % block_size,   t in [0, context_lens[d])
 //   key_cache[slot, h, :] is that position's key for kv head h (same for value_cache).
 //
 // Requires head_dim % 16 == 0 and head_dim <= 256 (checked by the binding).
+//
+// Why it is shaped this way: decode attention does few flops per byte of K/V, so the goal is
+// to stream K and V at memory speed with the arithmetic hidden under the streaming.
+//  - Two passes per work item: all scores, one softmax, then all values. K and V are each
+//    read once; the scores ([position][query head], a few KB) stay in L1/L2.
+//  - Positions go 16 at a time (a "tile"). Scores of a tile are one AMX matrix product per
+//    kv head where the CPU has AMX and the shape allows (paged_attention_amx.h). Otherwise
+//    (AVX-512) the 16 dot products of one query head end as 16 vectors of partial sums that
+//    one transpose-and-add tree (sum_lanes) turns into 16 scores, instead of 16 horizontal
+//    reductions; bf16 keys meet the bf16 query in _mm512_dpbf16_ps (bf16 products are exact
+//    in fp32, so this equals widening both, minus the conversions).
+//  - bf16 values widen with one shift (even dims) and one mask (odd dims) per 32 elements, no
+//    shuffle; even and odd dims accumulate apart and are interleaved back on the output
+//    store. Probabilities, accumulators and the softmax stay fp32.
+//  - With enough requests a work item is a whole request with all kv heads: a block of the
+//    cache is then one contiguous run (slots x kv heads x dim). Software prefetch runs a few
+//    rows ahead, spread between pieces of arithmetic (see Prefetcher).
+//  - Buffers are thread-local and only grow: no allocation per item.
+#include <omp.h>
+
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
+#include "paged_attention_amx.h"
 #include "vec.h"
 
 namespace meterserve {
 namespace {
 
-constexpr int kMaxDimVectors = 16;  // head_dim <= 256
+constexpr int kTile = 16;              // positions per tile: one score per vector lane
+constexpr int kLine = 64;              // cache line bytes
+constexpr int64_t kPrefetchRows = 16;  // how far past the current tile rows are prefetched
+constexpr int kMaxHeadTile = 4;        // query heads whose accumulators share a pass over values
 
 struct Shape {
-  int64_t num_heads, num_kv_heads, head_dim, block_size, group, dim_vectors, slot_stride;
+  int64_t num_heads, num_kv_heads, head_dim, block_size, group, slot_stride;
 };
 
-inline int64_t slot_of(const int64_t* table, int64_t t, int64_t block_size) {
-  return table[t / block_size] * block_size + t % block_size;
+// Work item: request d's kv heads [kv_begin, kv_end), with the query heads that read them.
+struct Item {
+  int64_t d, kv_begin, kv_end;
+};
+
+// The call's arguments, as paged_decode_attention takes them.
+template <typename T>
+struct Batch {
+  const T* query;
+  int64_t query_stride;
+  const T* key_cache;
+  const T* value_cache;
+  const int64_t* block_tables;
+  int64_t max_blocks;
+  const int64_t* context_lens;
+  T* out;
+};
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+__mmask32 lanes32(int64_t count) {
+  return count >= 32 ? ~__mmask32(0) : (__mmask32(1) << count) - 1;
 }
 
-// scores[g * length + t] = scale * q_g . k_t for the group's query heads g.
+// Per-thread scratch, grown on demand and reused by every later item and call.
+struct Scratch {
+  std::vector<int64_t> offsets;  // [padded]: element offset of each position's slot row
+  std::vector<float> scores;     // [padded][row]: scores, then exp(scale * (score - max))
+  std::vector<float> acc;        // [heads][acc_stride]: unnormalized outputs
+  std::vector<float> totals;     // [heads]: softmax denominators
+  std::vector<uint32_t> pairs;   // AMX: the item's queries as bf16 pairs (amx::query_pairs)
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+template <typename V>
+V* grown(std::vector<V>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
+// offsets[t] for t in [0, length): where position t's slot row starts, in elements.
+// [length, padded): position 0's row again, so that a tail tile reads valid memory (the
+// scores of those lanes are dropped, their probabilities are zero).
+void slot_offsets(const int64_t* table, int64_t length, int64_t padded, const Shape& s,
+                  int64_t* offsets) {
+  int64_t t = 0;
+  for (int64_t b = 0; t < length; ++b)
+    for (int64_t i = 0; i < s.block_size && t < length; ++i, ++t)
+      offsets[t] = (table[b] * s.block_size + i) * s.slot_stride;
+  for (; t < padded; ++t) offsets[t] = offsets[0];
+}
+
+// Software prefetch running ahead of an item's reads, over a "stream" of rows: the keys of
+// positions [0, padded), then their values ([padded, 2 padded)). A few rows at a time between
+// pieces of arithmetic rather than a tile's ~100 lines at once: a burst queues on the core's
+// ~16 line-fill buffers and holds up the arithmetic behind it, a trickle overlaps with it
+// (measured on a synthetic stream: a burst per tile no faster than no prefetch at all, the
+// trickle close to the bare streaming time). Blocks are scattered, so the hardware
+// prefetchers alone lose the stream at every block; no prefetch here measured ~1.5x slower.
 template <typename T>
-void score_keys(const std::vector<__m512>& q, const T* key_cache, const int64_t* table,
-                int64_t length, int64_t h, const Shape& s, float* scores) {
-  for (int64_t t = 0; t < length; ++t) {
-    const T* key = key_cache + slot_of(table, t, s.block_size) * s.slot_stride + h * s.head_dim;
-    __m512 k[kMaxDimVectors];
-    for (int64_t j = 0; j < s.dim_vectors; ++j) k[j] = load(key + j * kVecLanes);
-    for (int64_t g = 0; g < s.group; ++g) {
-      __m512 acc = _mm512_mul_ps(q[g * s.dim_vectors], k[0]);
-      for (int64_t j = 1; j < s.dim_vectors; ++j)
-        acc = _mm512_fmadd_ps(q[g * s.dim_vectors + j], k[j], acc);
-      scores[g * length + t] = _mm512_reduce_add_ps(acc);
+class Prefetcher {
+ public:
+  // keys / values: the item's first row element in each cache; rows of row_bytes each.
+  Prefetcher(const T* keys, const T* values, const int64_t* offsets, int64_t padded,
+             int64_t row_bytes)
+      : keys_(keys), values_(values), offsets_(offsets), padded_(padded), row_bytes_(row_bytes) {}
+
+  // Prefetch up to `budget` rows of the stream positions before `until`.
+  void advance(int64_t until, int64_t budget) {
+    for (until = std::min(until, 2 * padded_); budget > 0 && next_ < until; --budget, ++next_) {
+      const T* row =
+          next_ < padded_ ? keys_ + offsets_[next_] : values_ + offsets_[next_ - padded_];
+      const char* begin = reinterpret_cast<const char*>(row);
+      // lines [begin rounded down to a line, begin + row_bytes_)
+      const char* line = begin - (reinterpret_cast<uintptr_t>(begin) & (kLine - 1));
+      for (; line < begin + row_bytes_; line += kLine) _mm_prefetch(line, _MM_HINT_T0);
+    }
+  }
+
+ private:
+  const T* keys_;
+  const T* values_;
+  const int64_t* offsets_;
+  int64_t padded_, row_bytes_;
+  int64_t next_ = 0;  // next stream position to prefetch
+};
+
+// ---- scores, AVX-512 ---------------------------------------------------------------------
+
+// Partial sums of position t go to part[lane_slot(t)]: sum_lanes then leaves position t's
+// total in lane t (its tree swaps lane-index bits 0 <-> 1 and 2 <-> 3; see there).
+constexpr int lane_slot(int t) { return ((t & 5) << 1) | ((t >> 1) & 5); }
+
+// Lane i of the result = horizontal sum of part[lane_slot(i)]. Four levels, each halving the
+// vector count and the lanes per vector: 30 shuffles and 15 adds for 16 reductions.
+inline __m512 sum_lanes(const __m512 (&part)[kTile]) {
+  __m512 half[8];  // lanes [0, 8) sum part[i]'s 256-bit halves, lanes [8, 16) part[i + 8]'s
+  for (int i = 0; i < 8; ++i)
+    half[i] = _mm512_add_ps(_mm512_shuffle_f32x4(part[i], part[i + 8], 0x44),
+                            _mm512_shuffle_f32x4(part[i], part[i + 8], 0xEE));
+  __m512 quarter[4];  // 128-bit quarters hold part[i], [i + 8], [i + 4], [i + 12]
+  for (int i = 0; i < 4; ++i)
+    quarter[i] = _mm512_add_ps(_mm512_shuffle_f32x4(half[i], half[i + 4], 0x88),
+                               _mm512_shuffle_f32x4(half[i], half[i + 4], 0xDD));
+  __m512 pair[2];  // per quarter: lanes 0-1 from quarter[i], lanes 2-3 from quarter[i + 2]
+  for (int i = 0; i < 2; ++i)
+    pair[i] =
+        _mm512_add_ps(_mm512_shuffle_ps(quarter[i], quarter[i + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_ps(quarter[i], quarter[i + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+  // per quarter: quarter[0], quarter[2], quarter[1], quarter[3]: lane bits 0 and 1 swapped
+  return _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(pair[0], pair[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// query . key as 16 lanes of partial sums: fp32 FMAs, or for bf16 _mm512_dpbf16_ps over
+// (even, odd) pairs, 32 dims a step, the last step masked when head_dim % 32 == 16.
+// kDim: head_dim when known at compile time (unrolled, query kept in registers), else 0.
+template <int kDim>
+inline __m512 partial_dot(const float* query, const float* key, int64_t head_dim) {
+  const int64_t dim = kDim ? kDim : head_dim;
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(query), _mm512_loadu_ps(key));
+  for (int64_t c = kVecLanes; c < dim; c += kVecLanes)  // dims [c, c + 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(query + c), _mm512_loadu_ps(key + c), acc);
+  return acc;
+}
+
+inline __m512bh bf16_pairs(const bf16* p, __mmask32 mask) {
+  return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
+}
+
+template <int kDim>
+inline __m512 partial_dot(const bf16* query, const bf16* key, int64_t head_dim) {
+  const int64_t dim = kDim ? kDim : head_dim;
+  __m512 acc = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= dim; c += 32)  // dims [c, c + 32)
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(query + c),
+                           (__m512bh)_mm512_loadu_si512(key + c));
+  if (c < dim)  // dims [c, c + 16)
+    acc = _mm512_dpbf16_ps(acc, bf16_pairs(query + c, 0xFFFF), bf16_pairs(key + c, 0xFFFF));
+  return acc;
+}
+
+// scores[t * score_stride] = query . key(t) for the tile's 16 positions; `keys` points at the
+// kv head's first element in the cache, offsets[t] at position t's slot row.
+template <typename T, int kDim>
+void score_tile(const T* query, const T* keys, const int64_t* offsets, int64_t head_dim,
+                float* scores, int64_t score_stride) {
+  __m512 part[kTile];
+#pragma GCC unroll 16
+  for (int t = 0; t < kTile; ++t)
+    part[lane_slot(t)] = partial_dot<kDim>(query, keys + offsets[t], head_dim);
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int>(score_stride)));
+  _mm512_i32scatter_ps(scores, rows, sum_lanes(part), sizeof(float));
+}
+
+template <typename T>
+using ScoreTile = void (*)(const T*, const T*, const int64_t*, int64_t, float*, int64_t);
+
+// The common head sizes get their own unrolled copy.
+template <typename T>
+ScoreTile<T> score_tile_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return score_tile<T, 64>;
+    case 128: return score_tile<T, 128>;
+    default: return score_tile<T, 0>;
+  }
+}
+
+// scores[t * row + i] = query head i . key(t) for the item's query heads i and positions
+// t in [0, padded), one score_tile per (tile, query head).
+template <typename T>
+void score_keys(const T* query, const T* key_cache, const int64_t* offsets, int64_t padded,
+                const Item& item, const Shape& s, Prefetcher<T>& prefetch, float* scores,
+                int64_t row) {
+  const ScoreTile<T> tile_scores = score_tile_for<T>(s.head_dim);
+  const int64_t heads = (item.kv_end - item.kv_begin) * s.group;
+  const int64_t budget = kTile / heads + 2;  // a tile's rows over its pieces, plus catch-up
+  for (int64_t t = 0; t < padded; t += kTile) {  // positions [t, t + 16)
+    for (int64_t i = 0; i < heads; ++i) {
+      const int64_t head = item.kv_begin * s.group + i;
+      prefetch.advance(t + kTile + kPrefetchRows, budget);
+      tile_scores(query + head * s.head_dim, key_cache + head / s.group * s.head_dim,
+                  offsets + t, s.head_dim, scores + t * row + i, row);
     }
   }
 }
 
-// In place: row <- exp(row - max(row)); returns the row's sum.
-float exp_and_sum(float* row, int64_t length) {
-  __m512 peak = _mm512_set1_ps(-INFINITY);
-  for (int64_t t = 0; t < length; t += kVecLanes)
-    peak = _mm512_mask_max_ps(peak, lanes(length - t), peak, load(row + t, length - t));
-  const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < length; t += kVecLanes) {
-    const __m512 e = exp(_mm512_sub_ps(load(row + t, length - t), shift));
-    sum = _mm512_mask_add_ps(sum, lanes(length - t), sum, e);
-    store(row + t, e, length - t);
-  }
-  return _mm512_reduce_add_ps(sum);
+// ---- scores, AMX -------------------------------------------------------------------------
+
+#ifdef __AMX_BF16__
+bool amx_fits(const Shape& s) {
+  return s.head_dim % 32 == 0 && s.block_size % kTile == 0 && s.group <= 16 &&
+         amx::amx_permitted();
 }
 
-template <typename T>
-void attend(const T* query, const T* key_cache, const T* value_cache, const int64_t* table,
-            int64_t length, int64_t h, const Shape& s, float scale, T* out) {
-  const int64_t dv = s.dim_vectors;
-  std::vector<__m512> q(s.group * dv);
-  for (int64_t g = 0; g < s.group; ++g)
-    for (int64_t j = 0; j < dv; ++j)
-      q[g * dv + j] = _mm512_mul_ps(load(query + (h * s.group + g) * s.head_dim + j * kVecLanes),
-                                    _mm512_set1_ps(scale));
-  std::vector<float> scores(s.group * length);
-  score_keys(q, key_cache, table, length, h, s, scores.data());
-  std::vector<float> total(s.group);
-  for (int64_t g = 0; g < s.group; ++g) total[g] = exp_and_sum(&scores[g * length], length);
-
-  std::vector<__m512> acc(s.group * dv, _mm512_setzero_ps());
-  for (int64_t t = 0; t < length; ++t) {
-    const T* value =
-        value_cache + slot_of(table, t, s.block_size) * s.slot_stride + h * s.head_dim;
-    __m512 v[kMaxDimVectors];
-    for (int64_t j = 0; j < dv; ++j) v[j] = load(value + j * kVecLanes);
-    for (int64_t g = 0; g < s.group; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g * length + t]);
-      for (int64_t j = 0; j < dv; ++j) acc[g * dv + j] = _mm512_fmadd_ps(p, v[j], acc[g * dv + j]);
+// score_keys on AMX, one tile product per (tile, kv head); requires amx_fits.
+void score_keys_amx(const bf16* query, const bf16* key_cache, const int64_t* offsets,
+                    int64_t padded, const Item& item, const Shape& s,
+                    Prefetcher<bf16>& prefetch, uint32_t* pairs, float* scores, int64_t row) {
+  const int64_t pairs_per_kv_head = s.group * s.head_dim / 2;
+  for (int64_t h = item.kv_begin; h < item.kv_end; ++h) {
+    const int64_t i = (h - item.kv_begin) * s.group;  // the kv head's first query head
+    amx::query_pairs(query + (item.kv_begin * s.group + i) * s.head_dim, s.group, s.head_dim,
+                     pairs + (h - item.kv_begin) * pairs_per_kv_head);
+  }
+  amx::configure_score_tiles(s.group);
+  const int64_t budget = kTile / (item.kv_end - item.kv_begin) + 2;
+  const int64_t key_stride = s.slot_stride * sizeof(bf16);
+  int64_t n = 0;  // tile products so far: alternates the C register
+  for (int64_t t = 0; t < padded; t += kTile) {  // positions [t, t + 16): one block's slots
+    for (int64_t h = item.kv_begin; h < item.kv_end; ++h, ++n) {
+      const int64_t i = (h - item.kv_begin) * s.group;
+      prefetch.advance(t + kTile + kPrefetchRows, budget);
+      const bf16* keys = key_cache + offsets[t] + h * s.head_dim;
+      const uint32_t* q = pairs + (h - item.kv_begin) * pairs_per_kv_head;
+      float* out = scores + t * row + i;
+      if (n & 1)
+        amx::score_tile<1>(keys, key_stride, q, s.head_dim, s.group, out, row);
+      else
+        amx::score_tile<0>(keys, key_stride, q, s.head_dim, s.group, out, row);
     }
   }
-  for (int64_t g = 0; g < s.group; ++g) {
-    const __m512 inv_total = _mm512_set1_ps(1.0f / total[g]);
-    T* dst = out + (h * s.group + g) * s.head_dim;
-    for (int64_t j = 0; j < dv; ++j)
-      store(dst + j * kVecLanes, _mm512_mul_ps(acc[g * dv + j], inv_total));
+  amx::release_tiles();
+}
+#endif
+
+// ---- softmax -----------------------------------------------------------------------------
+
+// In place over score rows (position t's at scores + t * row), per head i < heads:
+// rows [0, length) <- exp(scale * (score - max)), rows [length, padded) <- 0, totals[i] = the
+// sum. scale > 0, so the max of the raw scores is the max of the scaled ones.
+void softmax_rows(float* scores, int64_t length, int64_t padded, int64_t heads, int64_t row,
+                  float scale, float* totals) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < heads; i += kVecLanes) {  // heads [i, i + 16)
+    const __mmask16 mask = lanes(heads - i);
+    __m512 peak = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < length; ++t)
+      peak = _mm512_max_ps(peak, _mm512_maskz_loadu_ps(mask, scores + t * row + i));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < length; ++t) {
+      float* r = scores + t * row + i;
+      const __m512 e =
+          exp(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, r), peak), factor));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(r, mask, e);
+    }
+    for (int64_t t = length; t < padded; ++t)
+      _mm512_mask_storeu_ps(scores + t * row + i, mask, _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(totals + i, mask, sum);
   }
+}
+
+// ---- values ------------------------------------------------------------------------------
+
+// One step of a value row widened to fp32 vectors. bf16: 32 dims as (even dims, odd dims),
+// which is also how the accumulators of a step are laid out.
+template <typename T>
+struct ValueStep;
+
+template <>
+struct ValueStep<float> {
+  static constexpr int64_t kDims = 16, kVectors = 1;
+  template <bool kFull>
+  static void widen(const float* value, __mmask32, __m512 (&out)[kVectors]) {
+    out[0] = _mm512_loadu_ps(value);
+  }
+};
+
+// 32 bf16 as fp32: the even elements (low halves of the 32-bit lanes), the odd ones (high).
+inline __m512 even_elements(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+inline __m512 odd_elements(__m512i v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000))));
+}
+
+template <>
+struct ValueStep<bf16> {
+  static constexpr int64_t kDims = 32, kVectors = 2;
+  template <bool kFull>
+  static void widen(const bf16* value, __mmask32 mask, __m512 (&out)[kVectors]) {
+    const __m512i v = kFull ? _mm512_loadu_si512(value) : _mm512_maskz_loadu_epi16(mask, value);
+    out[0] = even_elements(v);
+    out[1] = odd_elements(v);
+  }
+};
+
+// acc[g] += sum over the tile's positions t of probs[t * prob_stride + g] * value(t), for
+// kHeads query heads g (accumulator rows acc_stride apart), dims [0, kDims) of one step.
+template <typename T, int kHeads, bool kFull>
+void add_value_step(const T* values, const int64_t* offsets, __mmask32 mask, const float* probs,
+                    int64_t prob_stride, float* acc, int64_t acc_stride) {
+  using Step = ValueStep<T>;
+  __m512 sum[kHeads][Step::kVectors];
+  for (int g = 0; g < kHeads; ++g)
+    for (int j = 0; j < Step::kVectors; ++j)
+      sum[g][j] = _mm512_loadu_ps(acc + g * acc_stride + j * kVecLanes);
+  for (int t = 0; t < kTile; ++t) {
+    __m512 v[Step::kVectors];
+    Step::template widen<kFull>(values + offsets[t], mask, v);
+    for (int g = 0; g < kHeads; ++g) {
+      const __m512 p = _mm512_set1_ps(probs[t * prob_stride + g]);
+      for (int j = 0; j < Step::kVectors; ++j) sum[g][j] = _mm512_fmadd_ps(p, v[j], sum[g][j]);
+    }
+  }
+  for (int g = 0; g < kHeads; ++g)
+    for (int j = 0; j < Step::kVectors; ++j)
+      _mm512_storeu_ps(acc + g * acc_stride + j * kVecLanes, sum[g][j]);
+}
+
+// 64 dims of a value row as 4 fp32 vectors, laid out as the accumulators (bf16: two steps of
+// (even, odd) dims). Four vectors per head give the FMAs of a tile more independent chains
+// than one step does.
+template <typename T>
+inline void widen_chunk(const T* value, __m512 (&out)[4]);
+
+template <>
+inline void widen_chunk(const float* value, __m512 (&out)[4]) {
+  for (int j = 0; j < 4; ++j) out[j] = _mm512_loadu_ps(value + j * kVecLanes);
+}
+
+template <>
+inline void widen_chunk(const bf16* value, __m512 (&out)[4]) {
+  for (int j = 0; j < 2; ++j) {  // dims [32 j, 32 j + 32)
+    const __m512i v = _mm512_loadu_si512(value + j * 32);
+    out[2 * j] = even_elements(v);
+    out[2 * j + 1] = odd_elements(v);
+  }
+}
+
+// add_value_step over dims [0, 64).
+template <typename T, int kHeads>
+void add_value_chunk(const T* values, const int64_t* offsets, const float* probs,
+                     int64_t prob_stride, float* acc, int64_t acc_stride) {
+  __m512 sum[kHeads][4];
+  for (int g = 0; g < kHeads; ++g)
+    for (int j = 0; j < 4; ++j) sum[g][j] = _mm512_loadu_ps(acc + g * acc_stride + j * kVecLanes);
+  for (int t = 0; t < kTile; ++t) {
+    __m512 v[4];
+    widen_chunk(values + offsets[t], v);
+    for (int g = 0; g < kHeads; ++g) {
+      const __m512 p = _mm512_set1_ps(probs[t * prob_stride + g]);
+      for (int j = 0; j < 4; ++j) sum[g][j] = _mm512_fmadd_ps(p, v[j], sum[g][j]);
+    }
+  }
+  for (int g = 0; g < kHeads; ++g)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * acc_stride + j * kVecLanes, sum[g][j]);
+}
+
+// The tile's values for kHeads query heads, all of head_dim: 64-dim chunks, then steps.
+template <typename T, int kHeads>
+void value_tile(const T* values, const int64_t* offsets, int64_t head_dim, const float* probs,
+                int64_t prob_stride, float* acc, int64_t acc_stride) {
+  using Step = ValueStep<T>;
+  int64_t c = 0;
+  for (; c + 64 <= head_dim; c += 64)  // dims [c, c + 64)
+    add_value_chunk<T, kHeads>(values + c, offsets, probs, prob_stride, acc + c, acc_stride);
+  for (; c < head_dim; c += Step::kDims) {  // dims [c, c + kDims)
+    const __mmask32 mask = lanes32(head_dim - c);
+    if (head_dim - c >= Step::kDims)
+      add_value_step<T, kHeads, true>(values + c, offsets, mask, probs, prob_stride, acc + c,
+                                      acc_stride);
+    else
+      add_value_step<T, kHeads, false>(values + c, offsets, mask, probs, prob_stride, acc + c,
+                                       acc_stride);
+  }
+}
+
+// value_tile for `heads` query heads that read the same kv head, up to kMaxHeadTile at once.
+template <typename T>
+void value_tile_heads(const T* values, const int64_t* offsets, int64_t head_dim, int64_t heads,
+                      const float* probs, int64_t prob_stride, float* acc, int64_t acc_stride) {
+  for (int64_t g = 0; g < heads; g += kMaxHeadTile) {  // query heads [g, g + 4)
+    const float* p = probs + g;
+    float* a = acc + g * acc_stride;
+    switch (std::min<int64_t>(kMaxHeadTile, heads - g)) {
+      case 4: value_tile<T, 4>(values, offsets, head_dim, p, prob_stride, a, acc_stride); break;
+      case 3: value_tile<T, 3>(values, offsets, head_dim, p, prob_stride, a, acc_stride); break;
+      case 2: value_tile<T, 2>(values, offsets, head_dim, p, prob_stride, a, acc_stride); break;
+      default: value_tile<T, 1>(values, offsets, head_dim, p, prob_stride, a, acc_stride);
+    }
+  }
+}
+
+// out = acc * inv_total, rounded to T. bf16: each 32-dim step of acc holds (even, odd) dims.
+void store_output(const float* acc, float inv_total, int64_t head_dim, float* out) {
+  const __m512 scale = _mm512_set1_ps(inv_total);
+  for (int64_t c = 0; c < head_dim; c += kVecLanes)  // dims [c, c + 16)
+    _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), scale));
+}
+
+void store_output(const float* acc, float inv_total, int64_t head_dim, bf16* out) {
+  const __m512 scale = _mm512_set1_ps(inv_total);
+  for (int64_t c = 0; c < head_dim; c += 32) {  // dims [c, c + 32)
+    const __m512i even = bf16_rounded_bits(_mm512_mul_ps(_mm512_loadu_ps(acc + c), scale));
+    const __m512i odd =
+        bf16_rounded_bits(_mm512_mul_ps(_mm512_loadu_ps(acc + c + kVecLanes), scale));
+    _mm512_mask_storeu_epi16(out + c, lanes32(head_dim - c),
+                             _mm512_or_si512(odd, _mm512_srli_epi32(even, 16)));
+  }
+}
+
+// ---- one work item -----------------------------------------------------------------------
+
+// Attention of request item.d's query heads that read kv heads [item.kv_begin, item.kv_end).
+template <typename T>
+void attend(const Batch<T>& b, const Item& item, const Shape& s, float scale) {
+  const int64_t length = b.context_lens[item.d];
+  const T* query = b.query + item.d * b.query_stride;
+  const int64_t first_head = item.kv_begin * s.group;
+  const int64_t heads = (item.kv_end - item.kv_begin) * s.group;
+  T* out = b.out + (item.d * s.num_heads + first_head) * s.head_dim;
+  if (length == 0) {  // nothing to attend to: zeros rather than 0 / 0
+    std::fill_n(out, heads * s.head_dim, T{});
+    return;
+  }
+  const int64_t padded = round_up(length, kTile);
+  const int64_t acc_stride = round_up(s.head_dim, 32);  // bf16 steps are 32 dims wide
+  Scratch& w = scratch();
+  int64_t* offsets = grown(w.offsets, padded);
+  // Score rows padded to whole vectors: a row's vector stores never overlap the next row's
+  // loads (overlap defeats store-to-load forwarding; measured 3x slower softmax).
+  const int64_t row = round_up(heads, kVecLanes);
+  float* scores = grown(w.scores, padded * row);
+  float* acc = grown(w.acc, heads * acc_stride);
+  float* totals = grown(w.totals, heads);
+  slot_offsets(b.block_tables + item.d * b.max_blocks, length, padded, s, offsets);
+  std::fill_n(acc, heads * acc_stride, 0.0f);
+  const int64_t row_begin = item.kv_begin * s.head_dim;  // the item's part of a slot row
+  const int64_t row_bytes = (item.kv_end - item.kv_begin) * s.head_dim * sizeof(T);
+  Prefetcher<T> prefetch(b.key_cache + row_begin, b.value_cache + row_begin, offsets, padded,
+                         row_bytes);
+
+  bool scored = false;
+#ifdef __AMX_BF16__
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (amx_fits(s)) {
+      score_keys_amx(query, b.key_cache, offsets, padded, item, s, prefetch,
+                     grown(w.pairs, heads * s.head_dim / 2), scores, row);
+      scored = true;
+    }
+  }
+#endif
+  if (!scored) score_keys(query, b.key_cache, offsets, padded, item, s, prefetch, scores, row);
+  softmax_rows(scores, length, padded, heads, row, scale, totals);
+
+  const int64_t budget = kTile / (item.kv_end - item.kv_begin) + 2;
+  for (int64_t t = 0; t < padded; t += kTile) {  // positions [t, t + 16)
+    for (int64_t h = item.kv_begin; h < item.kv_end; ++h) {
+      const int64_t i = (h - item.kv_begin) * s.group;  // the kv head's first query head
+      prefetch.advance(padded + t + kTile + kPrefetchRows, budget);
+      value_tile_heads(b.value_cache + h * s.head_dim, offsets + t, s.head_dim, s.group,
+                       scores + t * row + i, row, acc + i * acc_stride, acc_stride);
+    }
+  }
+  for (int64_t i = 0; i < heads; ++i)
+    store_output(acc + i * acc_stride, 1.0f / totals[i], s.head_dim, out + i * s.head_dim);
+}
+
+// The work items, longest requests first: the last items to finish are then short ones.
+// A whole request per item when that still gives every thread several items (contiguous
+// reads, see the top); otherwise one kv head per item, so that few requests still spread.
+std::vector<Item> work_items(const int64_t* context_lens, int64_t num_decodes,
+                             int64_t num_kv_heads) {
+  const int64_t splits = num_decodes >= 4 * omp_get_max_threads() ? 1 : num_kv_heads;
+  std::vector<Item> items;
+  items.reserve(num_decodes * splits);
+  for (int64_t d = 0; d < num_decodes; ++d)
+    for (int64_t part = 0; part < splits; ++part)
+      items.push_back({d, part * num_kv_heads / splits, (part + 1) * num_kv_heads / splits});
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return context_lens[a.d] > context_lens[b.d];
+  });
+  return items;
 }
 
 }  // namespace
@@ -102,14 +540,13 @@ void paged_decode_attention(const T* query, int64_t query_stride, const T* key_c
                             int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t block_size, float scale) {
   const Shape s{num_heads,  num_kv_heads, head_dim, block_size, num_heads / num_kv_heads,
-                head_dim / kVecLanes, num_kv_heads * head_dim};
-  const int64_t items = num_decodes * num_kv_heads;
-#pragma omp parallel for schedule(dynamic) if (items > 1)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t d = item / num_kv_heads, h = item % num_kv_heads;
-    attend(query + d * query_stride, key_cache, value_cache, block_tables + d * max_blocks,
-           context_lens[d], h, s, scale, out + d * num_heads * head_dim);
-  }
+                num_kv_heads * head_dim};
+  const Batch<T> batch{query,      query_stride, key_cache, value_cache,
+                       block_tables, max_blocks, context_lens, out};
+  const std::vector<Item> items = work_items(context_lens, num_decodes, num_kv_heads);
+  const int64_t count = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic) if (count > 1)
+  for (int64_t index = 0; index < count; ++index) attend(batch, items[index], s, scale);
 }
 
 #define METERSERVE_INSTANTIATE(T)                                                              \
