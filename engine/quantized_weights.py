@@ -83,7 +83,8 @@ class RepackedWeight:
     """The layout engine/kernels' quantized_linear reads (see quantized_linear.cpp).
 
     codes: Q4_1 uint8 [rows, cols / 2] (ggml nibble order), Q8_0 int8 [rows, cols];
-    scales, mins: float32 [rows, cols / 32] (mins None for Q8_0).
+    scales: float32 [rows, cols / 32] (d); mins: float32 m - 128 d (Q4_1; the kernel reads
+    each code as 128 + q), None for Q8_0.
     """
 
     kind_id: int  # 0 = Q4_1, 1 = Q8_0 (the kernel's QuantKind)
@@ -99,6 +100,7 @@ def repack(weight: QuantizedTensor) -> RepackedWeight:
         codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(weight.rows, -1)
         return RepackedWeight(1, codes, scales, None)
     mins = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(weight.rows, -1)
+    mins = mins - 128 * scales
     codes = blocks[..., 4:].contiguous().reshape(weight.rows, -1)
     return RepackedWeight(0, codes, scales, mins)
 

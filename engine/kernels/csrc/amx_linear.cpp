@@ -41,6 +41,17 @@ TileConfig eight_full_tiles() {
   return config;
 }
 
+// Weight tiles are streamed from memory once per block; tile loads do not seem to wake the
+// hardware prefetcher the way vector loads do, so fetch the tiles a few steps ahead
+// (measured: batch-64 decode matmuls 40 -> 33 ms per step).
+constexpr int64_t kPrefetchTiles = 4;
+
+inline void prefetch_tile(const bf16* tile) {
+  const char* bytes = reinterpret_cast<const char*>(tile);
+  for (int line = 0; line < kTileElements * 2 / 64; ++line)
+    _mm_prefetch(bytes + line * 64, _MM_HINT_T0);
+}
+
 // One 32 x 32 output block: rows [m0, m0 + 32) of x (padded), columns [n0, n0 + 32).
 // Tiles: 0-3 accumulators (row half i, column half j -> 2 i + j), 4-5 x, 6-7 weight.
 void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
@@ -54,6 +65,10 @@ void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, in
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    // Past the end of weight0 lies weight1, past weight1 the next block's weight0 (the
+    // threads take consecutive blocks); a prefetch past the whole weight is a harmless hint.
+    prefetch_tile(weight0 + (kt + kPrefetchTiles) * kTileElements);
+    prefetch_tile(weight1 + (kt + kPrefetchTiles) * kTileElements);
     _tile_loadd(4, x + m0 * K + kt * kTileDepth, x_stride);
     _tile_loadd(5, x + (m0 + kTileRows) * K + kt * kTileDepth, x_stride);
     _tile_loadd(6, weight0 + kt * kTileElements, 64);

@@ -6,9 +6,9 @@
 // bf16's 64. The weights are repacked at load time (engine/quantized_weights.py): codes
 // [N, blocks, 16 or 32], scales and mins fp32 [N, blocks]. Per block b of weight row n:
 //   sum_j x[j] * (d q[j] + m) = d * (sum_j x[j] q[j]) + m * (sum_j x[j])
-// Q4_1: the 4-bit codes become exact bf16 values through a 32-entry lookup (vpermw), the dot
-// product is AVX512-BF16 (exact products, fp32 sums); the m term uses per-block sums of x
-// computed once per call. Q8_0 (no m) converts its int8 codes to fp32.
+// Q4_1: the 4-bit codes become exact bf16 values (see q4_codes), the dot product is
+// AVX512-BF16 (exact products, fp32 sums); the m term uses per-block sums of x computed once
+// per call. Q8_0 (no m) converts its int8 codes to fp32.
 #include <immintrin.h>
 
 #include <vector>
@@ -20,14 +20,6 @@ namespace meterserve {
 namespace {
 
 constexpr int64_t kBlock = 32;
-
-// bf16 bits of (i & 15) for i in [0, 32): vpermw indexes with the low 5 bits of each word,
-// so a byte's code needs no masking (bit 4 is another code's bit; the table ignores it).
-__m512i nibble_table() {
-  alignas(64) uint16_t table[32];
-  for (int i = 0; i < 32; ++i) table[i] = from_float<bf16>(static_cast<float>(i & 15)).bits;
-  return _mm512_load_si512(table);
-}
 
 struct Activations {
   const bf16* x;               // [M, K] as given
@@ -48,12 +40,16 @@ Activations prepare(const bf16* x, int64_t M, int64_t K) {
 }
 
 // Codes of one Q4_1 block (16 bytes: q[j] low nibble of byte j, q[j + 16] high nibble) as 32
-// bf16 values in element order.
-inline __m512bh q4_codes(const uint8_t* codes, __m512i table) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-  const __m256i bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(packed),
-                                                _mm_srli_epi16(packed, 4), 1);
-  return (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(bytes), table);
+// bf16 values 128 + q[j], in element order. The bf16 bit pattern 0x43XX is 128 + XX for XX < 128
+// (the spacing of bf16 at 128 is 1), so one OR turns a code into a number: no lookup, and a
+// single cross-lane shuffle (the byte -> word widening) per block. The +128 is taken back
+// through the mins (repack stores m - 128 d), since d (128 + q) + m - 128 d = d q + m.
+inline __m512bh q4_codes(const uint8_t* codes) {
+  const __m256i both = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m256i nibbles = _mm256_and_si256(
+      _mm256_blend_epi32(both, _mm256_srli_epi16(both, 4), 0xF0), _mm256_set1_epi8(0x0F));
+  return (__m512bh)_mm512_or_si512(_mm512_cvtepu8_epi16(nibbles), _mm512_set1_epi16(0x4300));
 }
 
 // sum_b a[b] * b_[b] over `count` floats (the Q4_1 m terms of one row).
@@ -69,12 +65,12 @@ constexpr int kChains = 4;
 
 template <int M>
 void q4_1_row(const uint8_t* codes, const float* scales, const float* mins,
-              const Activations& a, int64_t blocks, __m512i table, float* out) {
+              const Activations& a, int64_t blocks, float* out) {
   __m512 acc[M][kChains];
   for (int m = 0; m < M; ++m)
     for (int c = 0; c < kChains; ++c) acc[m][c] = _mm512_setzero_ps();
   auto step = [&](int64_t b, int c) {
-    const __m512bh q = q4_codes(codes + b * 16, table);
+    const __m512bh q = q4_codes(codes + b * 16);
     const __m512 d = _mm512_set1_ps(scales[b]);
     for (int m = 0; m < M; ++m) {
       const __m512bh x = (__m512bh)_mm512_loadu_si512(a.x + m * a.K + b * kBlock);
@@ -125,13 +121,12 @@ template <int M>
 void quantized_rows(const Activations& a, const QuantizedWeight& w, bf16* out, int64_t N) {
   const int64_t blocks = a.K / kBlock;
   const int64_t code_bytes = w.kind == QuantKind::kQ4_1 ? 16 : 32;
-  const __m512i table = nibble_table();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* codes = w.codes + n * blocks * code_bytes;
     float sums[M];
     if (w.kind == QuantKind::kQ4_1)
-      q4_1_row<M>(codes, w.scales + n * blocks, w.mins + n * blocks, a, blocks, table, sums);
+      q4_1_row<M>(codes, w.scales + n * blocks, w.mins + n * blocks, a, blocks, sums);
     else
       q8_0_row<M>(codes, w.scales + n * blocks, a, blocks, sums);
     for (int m = 0; m < M; ++m) out[m * N + n] = from_float<bf16>(sums[m]);
