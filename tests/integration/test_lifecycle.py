@@ -11,6 +11,9 @@ import httpx
 from server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
+# Long enough that the request is still running well after SIGTERM + 0.3 s (≈ 15 ms a token
+# on the development machine; a 12-token request used to finish before /health was asked).
+IN_FLIGHT_TOKENS = 300
 
 
 async def test_sigterm_finishes_in_flight_then_exits(server_logs: Path):
@@ -20,7 +23,7 @@ async def test_sigterm_finishes_in_flight_then_exits(server_logs: Path):
         body = {
             "model": MODEL,
             "prompt": "Once upon a time",
-            "max_tokens": 12,
+            "max_tokens": IN_FLIGHT_TOKENS,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -42,7 +45,7 @@ async def test_sigterm_finishes_in_flight_then_exits(server_logs: Path):
             rest = [line[6:] async for line in lines if line.startswith("data: ")]
         assert rest[-1] == "[DONE]"
         chunks = [json.loads(data) for data in rest[:-1]]
-        assert chunks[-1]["usage"]["completion_tokens"] == 12
+        assert chunks[-1]["usage"]["completion_tokens"] == IN_FLIGHT_TOKENS
         assert chunks[-2]["choices"][0]["finish_reason"] == "length"
         assert await asyncio.to_thread(server.wait_exit, 60) == 0
     finally:
