@@ -35,5 +35,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")

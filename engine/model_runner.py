@@ -62,6 +62,10 @@ class ModelRunner:
         self, config: EngineConfig, checkpoint: LoadedCheckpoint, max_model_len: int
     ) -> None:
         self.dtype = resolve_dtype(config.dtype)
+        if config.num_threads is not None:
+            # Called on the thread that runs the steps: OpenMP's thread count is per thread,
+            # and the native kernels' parallel regions follow it like torch's ops do.
+            torch.set_num_threads(config.num_threads)
         self.block_size = config.block_size
         self.debug_fault_token_id = config.debug_fault_token_id
         self.kernels = load_cpu_kernels() if config.cpu_kernels else None

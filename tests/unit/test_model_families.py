@@ -167,3 +167,15 @@ def test_reference_backend_matches_too(tmp_path: Path) -> None:
     )
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
     assert [o.token_ids for o in outputs] == expected
+
+
+def test_num_threads_applies_to_the_engine(tmp_path: Path) -> None:
+    _build_model("llama-tied", tmp_path)
+    before = torch.get_num_threads()
+    try:
+        llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_bytes=1 << 20, num_threads=1)
+        assert torch.get_num_threads() == 1
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))
+        assert len(out[0].token_ids) == 3
+    finally:
+        torch.set_num_threads(before)
