@@ -11,15 +11,18 @@
 // A (activation) and B (weight) tile feeds two tile products. Rows go in chunks that keep
 // their activations in L2; within a chunk the threads split the 32-column blocks.
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <stdexcept>
 
+#include "amx.h"
 #include "kernels.h"
 #include "vec.h"
 
 namespace meterserve {
+
+#ifdef __AMX_BF16__
+
 namespace {
 
 constexpr int64_t kTileRows = 16, kTileDepth = 32;  // bf16 elements per tile row
@@ -27,17 +30,9 @@ constexpr int64_t kBlock = 32;                        // output rows / cols per 
 constexpr int64_t kRowsPerChunk = 256;                 // activation rows kept hot in L2
 constexpr int64_t kTileElements = kTileRows * kTileDepth;
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-TileConfig eight_full_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kTileRows;
+amx::TileConfig eight_full_tiles() {
+  amx::TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kTileRows;
   return config;
 }
 
@@ -98,17 +93,11 @@ void write_block(const float* block, const bf16* bias, bf16* out, int64_t rows, 
 
 }  // namespace
 
-bool amx_available() {
-  // Linux hands out the AMX tile state only on request (once per process).
-  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  static const bool granted =
-      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  return granted;
-}
+bool amx_available() { return amx::permitted(); }
 
 void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
                 int64_t padded_rows, int64_t N, int64_t K) {
-  const TileConfig config = eight_full_tiles();
+  const amx::TileConfig config = eight_full_tiles();
   for (int64_t chunk = 0; chunk < padded_rows; chunk += kRowsPerChunk) {
     const int64_t chunk_end = std::min(padded_rows, chunk + kRowsPerChunk);
 #pragma omp parallel
@@ -126,5 +115,15 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
     }
   }
 }
+
+#else  // a compiler or CPU without AMX: the binding sees amx_available() false
+
+bool amx_available() { return false; }
+
+void amx_linear(const bf16*, const bf16*, const bf16*, bf16*, int64_t, int64_t, int64_t, int64_t) {
+  throw std::runtime_error("amx_linear: built without AMX support");
+}
+
+#endif  // __AMX_BF16__
 
 }  // namespace meterserve

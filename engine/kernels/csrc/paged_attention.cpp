@@ -248,7 +248,7 @@ void score_keys(const T* query, const T* key_cache, const int64_t* offsets, int6
 #ifdef __AMX_BF16__
 bool amx_fits(const Shape& s) {
   return s.head_dim % 32 == 0 && s.block_size % kTile == 0 && s.group <= 16 &&
-         amx::amx_permitted();
+         amx::permitted();
 }
 
 // score_keys on AMX, one tile product per (tile, kv head); requires amx_fits.

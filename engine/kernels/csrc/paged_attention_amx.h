@@ -9,38 +9,21 @@
 // AVX-512 path; measured ~1.5x faster than that path's dot products plus reductions.
 //
 // Everything here needs the compiler's AMX support (-march=native on a CPU with AMX; without
-// it this header declares nothing) and the OS's permission (amx_permitted); without either,
+// it this header declares nothing) and the OS's permission (amx::permitted); without either,
 // paged_attention.cpp keeps to AVX-512.
 #pragma once
 
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdint>
 
+#include "amx.h"
 #include "numeric.h"
 
 namespace meterserve {
 namespace amx {
 
 #ifdef __AMX_BF16__
-
-// Linux hands out AMX state only on request, once per process (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); false on kernels without AMX support.
-inline bool amx_permitted() {
-  static const bool permitted = [] {
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return permitted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};  // bytes per row of each tile register
-  uint8_t rows[16] = {};
-};
 
 // Tile registers as template arguments: the compiler's _tile_* macros paste their argument
 // into the instruction text, so they take only literal numbers.
