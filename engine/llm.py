@@ -59,5 +59,6 @@ class LLM:
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False) or [0]
+            # An empty string encodes to no tokens; the engine rejects that with a clear error.
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
         return list(prompt)

@@ -179,3 +179,10 @@ def test_num_threads_applies_to_the_engine(tmp_path: Path) -> None:
         assert len(out[0].token_ids) == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_empty_prompt_is_rejected_not_replaced(tmp_path: Path) -> None:
+    _build_model("llama-tied", tmp_path)
+    llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_bytes=1 << 20)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([""], SamplingParams(max_tokens=2))
