@@ -86,7 +86,7 @@ class ModelRunner:
             pack_linears(self.model, self.kernels)
             if self.kernels is not None and config.gguf_matvec:
                 self.num_gguf_matvec_layers = self._use_gguf_blocks(checkpoint)
-        self.sampler = Sampler()
+        self.sampler = Sampler(kernels=self.kernels)
         self.kv_cache: KVCacheTensors | None = None
 
     num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks

@@ -25,6 +25,7 @@ SOURCES = [
     "small_batch_linear.cpp",
     "quantized_linear.cpp",
     "amx_linear.cpp",
+    "argmax.cpp",
     "elementwise.cpp",
     "paged_attention.cpp",
 ]

@@ -173,3 +173,15 @@ def test_amx_linear_matches_fp32_matmul(rows) -> None:
     torch.testing.assert_close(
         no_bias, (x.float() @ weight.float().T).bfloat16(), atol=1e-2, rtol=1e-2
     )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_rows_takes_the_first_maximum_like_torch(dtype) -> None:
+    torch.manual_seed(9)
+    logits = torch.randn(9, 1000, dtype=dtype)
+    logits[2, 10] = logits[2, 500] = 30.0  # a tie: the first index wins
+    logits[4, 999] = 40.0  # the last, in the masked tail of the row
+    logits[6] = -1e30  # all equal
+    got = kernels.argmax_rows(logits)
+    assert torch.equal(got, logits.float().argmax(dim=-1))
+    assert got[2] == 10 and got[4] == 999 and got[6] == 0

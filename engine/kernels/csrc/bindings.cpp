@@ -122,6 +122,18 @@ torch::Tensor amx_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
+torch::Tensor argmax_rows_op(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0 &&
+                  logits.size(1) < (int64_t(1) << 31),
+              "logits must be contiguous [rows, vocab]");
+  auto out = torch::empty({logits.size(0)}, logits.options().dtype(torch::kInt64));
+  dispatch(logits, [&](auto tag) {
+    using T = decltype(tag);
+    argmax_rows<T>(data<T>(logits), logits.size(0), logits.size(1), data<int64_t>(out));
+  });
+  return out;
+}
+
 torch::Tensor rms_norm_op(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous inputs only");
   check_same_dtype(x, weight, "rms_norm");
@@ -248,6 +260,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
   m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout");
   m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16");
+  m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row");
   m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding");
   m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place");
   m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]");

@@ -38,6 +38,10 @@ struct QuantizedWeight {
 void quantized_linear(const bf16* x, const QuantizedWeight& weight, bf16* out, int64_t M,
                       int64_t N, int64_t K);
 
+// out[r] = index of the first maximum of logits[r, 0:n] (n < 2^31).
+template <typename T>
+void argmax_rows(const T* logits, int64_t rows, int64_t n, int64_t* out);
+
 // x <- rms_norm(x) * weight per row of `hidden` elements (HF Llama rounding for bfloat16).
 template <typename T>
 void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t hidden, float eps);
