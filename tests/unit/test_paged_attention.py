@@ -187,3 +187,14 @@ def test_llama_shaped_decodes_on_kernels(dtype, monkeypatch) -> None:
     cases = [RequestCase(s, 1) for s in (0, 14, 15, 16, 17, 40, 47, 63)] + [RequestCase(5, 9)]
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     _check_against_dense(cases, dtype, 8, "cpu_kernels", atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_equal_length_fresh_prompts_next_to_other_chunks(backend: str) -> None:
+    # Runs of equal-length whole prompts (which the kernels backend batches into one call),
+    # broken by a prompt of another length and a chunk with prior context.
+    cases = [RequestCase(3, 1), RequestCase(0, 6), RequestCase(0, 6), RequestCase(0, 6)]
+    cases += [RequestCase(0, 4), RequestCase(0, 6), RequestCase(5, 6), RequestCase(0, 6)]
+    cases += [RequestCase(0, 6)]
+    _check_against_dense(cases, torch.float32, 11, backend, atol=1e-5, rtol=1e-5)
+    _check_against_dense(cases, torch.bfloat16, 12, backend, atol=3e-2, rtol=3e-2)
