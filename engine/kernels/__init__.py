@@ -29,7 +29,15 @@ SOURCES = [
     "elementwise.cpp",
     "paged_attention.cpp",
 ]
-HEADERS = ["amx.h", "kernels.h", "numeric.h", "paged_attention_amx.h", "vec.h"]
+HEADERS = [
+    "amx.h",
+    "kernels.h",
+    "numeric.h",
+    "paged_attention_amx.h",
+    "paged_attention_common.h",
+    "paged_attention_scores.h",
+    "vec.h",
+]
 # -march=native is safe: the module is built on the machine that runs it.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
