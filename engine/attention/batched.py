@@ -1,9 +1,10 @@
-"""Batched paged attention for CPUs: all decodes in one SDPA call, prefill chunks one by one.
+"""Batched paged attention for CPUs: all decodes in one SDPA call, prefills by SDPA as well.
 
 Decode is where batching pays (many rows, one token each): their contexts are gathered from
 the cache into one padded [batch, max_context] tensor with a mask. Prefill chunks are few and
-compute-bound; each runs as one SDPA call, reading K/V straight from the step's projections
-when the chunk starts at position 0 (no gather needed).
+compute-bound; each runs as one SDPA call (adjacent whole prompts of equal length as one
+batched call), reading K/V straight from the step's projections when the chunk starts at
+position 0 (no gather needed).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.kv_cache import context_slots
-from engine.attention.metadata import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata, ChunkSpan
 from engine.attention.reference import write_kv
 
 
@@ -35,12 +36,7 @@ class BatchedAttention:
             outputs.append(
                 self._decode(query[: meta.num_decodes], key_cache, value_cache, meta, scale)
             )
-        for chunk in meta.chunks[meta.num_decodes :]:
-            outputs.append(
-                prefill_chunk_attention(
-                    query, key, value, key_cache, value_cache, chunk, meta, scale
-                )
-            )
+        outputs.extend(prefill_attention(query, key, value, key_cache, value_cache, meta, scale))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
     @staticmethod
@@ -56,6 +52,58 @@ class BatchedAttention:
             q, keys, values, attn_mask=meta.decode_mask, scale=scale
         )
         return out.reshape(num_decodes, num_heads, head_dim)
+
+
+def prefill_attention(query, key, value, key_cache, value_cache, meta, scale) -> list[torch.Tensor]:
+    """Outputs of the step's prefill chunks (those after the decodes), in batch order.
+
+    Adjacent whole prompts of equal length share one batched SDPA call; every other chunk is
+    one call of its own.
+    """
+    outputs = []
+    for group in _fresh_groups(meta.chunks[meta.num_decodes :]):
+        if len(group) > 1:
+            outputs.append(_fresh_prefill_group(query, key, value, group, scale))
+        else:
+            outputs.append(
+                prefill_chunk_attention(
+                    query, key, value, key_cache, value_cache, group[0], meta, scale
+                )
+            )
+    return outputs
+
+
+def _fresh_groups(chunks: list[ChunkSpan]) -> list[list[ChunkSpan]]:
+    """Runs of adjacent chunks that start at position 0 with the same length, in order; any
+    other chunk is a run of its own. A run's rows are contiguous in the batch."""
+    groups: list[list[ChunkSpan]] = []
+    for chunk in chunks:
+        last = groups[-1][-1] if groups else None
+        if (
+            last is not None
+            and chunk.start_position == last.start_position == 0
+            and chunk.query_len == last.query_len
+        ):
+            groups[-1].append(chunk)
+        else:
+            groups.append([chunk])
+    return groups
+
+
+def _fresh_prefill_group(query, key, value, group: list[ChunkSpan], scale: float) -> torch.Tensor:
+    """G whole prompts of L tokens each as one batched causal SDPA call (one call per prompt
+    costs more in overhead than in arithmetic at these sizes: 16 calls per layer per step in
+    the offline benchmark). Rows [first.query_start, first.query_start + G * L)."""
+    count, length = len(group), group[0].query_len
+    rows = slice(group[0].query_start, group[0].query_start + count * length)
+
+    def batched(x: torch.Tensor) -> torch.Tensor:  # [G * L, heads, dim] -> [G, heads, L, dim]
+        return x[rows].unflatten(0, (count, length)).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        batched(query), batched(key), batched(value), is_causal=True, scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2).flatten(0, 1)
 
 
 def prefill_chunk_attention(query, key, value, key_cache, value_cache, chunk, meta, scale):
