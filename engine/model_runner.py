@@ -82,14 +82,13 @@ class ModelRunner:
         self.model.to(self.dtype).eval()
         self.shape = self.model.shape
         self.num_params = _count_params(self.model)
+        self.num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks
         if self.dtype == torch.bfloat16 and packing_available():
             pack_linears(self.model, self.kernels)
             if self.kernels is not None and config.gguf_matvec:
                 self.num_gguf_matvec_layers = self._use_gguf_blocks(checkpoint)
         self.sampler = Sampler(kernels=self.kernels)
         self.kv_cache: KVCacheTensors | None = None
-
-    num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks
 
     def _use_gguf_blocks(self, checkpoint: LoadedCheckpoint) -> int:
         if checkpoint.gguf_path is None:

@@ -26,7 +26,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-BLOCK_WEIGHTS = 32
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
 
 # GGUF tensor names (llama.cpp) -> Hugging Face parameter names, for the Llama family.

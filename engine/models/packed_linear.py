@@ -1,14 +1,15 @@
 """PackedLinear: a bf16 linear layer with a weight layout for each batch size.
 
 Plain F.linear in bf16 re-lays-out the weight on every call; on this class of CPU (AMX) that
-costs more than the matmul at decode batch sizes. So the weight is pre-packed once in oneDNN's
-blocked layout (as PyTorch's inductor does with weight freezing) for many-row inputs. oneDNN
-still streams a packed weight at only ~10 GB/s for one row, so when the native kernels are
-built, inputs of up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few
-requests) go through small_batch_linear over the plain row-major weight instead, which keeps
-both copies (2 bytes per parameter each), or, for a GGUF model, through quantized_linear over
-the file's own 4/8-bit blocks (use_quantized), a quarter of the bytes to stream. Only used for bfloat16; float32 keeps nn.Linear (the
-exactness tests run in float32 against Hugging Face).
+costs more than the matmul at decode batch sizes. So the weight is laid out once at load time:
+- up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests), when the
+  native kernels are built: small_batch_linear over the plain row-major weight (oneDNN streams
+  a packed weight at only ~10 GB/s for one row), or, for a GGUF model, quantized_linear over
+  the file's own 4/8-bit blocks (use_quantized), a quarter of the bytes to stream;
+- more rows: amx_linear over AMX tiles when the kernels have AMX and the shape tiles evenly,
+  else oneDNN's blocked layout (as PyTorch's inductor packs with weight freezing).
+Only used for bfloat16; float32 keeps nn.Linear (the exactness tests run in float32 against
+Hugging Face).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 
 from engine.quantized_weights import RepackedWeight
 
-SMALL_BATCH_ROWS = 4  # small_batch_linear's limit; oneDNN wins above it (measured)
+SMALL_BATCH_ROWS = 4  # the matvec kernels' row limit (they are templated for 1-4 rows)
 
 
 def packing_available() -> bool:
