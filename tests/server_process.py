@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -62,6 +64,15 @@ class ServerProcess:
             time.sleep(0.25)
         self.stop()
         pytest.fail(f"server {self.name} not ready after {timeout} s:\n{self.log_tail()}")
+
+    @contextmanager
+    def running(self) -> Iterator[ServerProcess]:
+        """Ready on entry, stopped on exit (also when it never becomes ready)."""
+        try:
+            self.wait_ready()
+            yield self
+        finally:
+            self.stop()
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)

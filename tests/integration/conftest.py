@@ -25,11 +25,8 @@ def main_server(server_logs: Path) -> Iterator[ServerProcess]:
         ["--api-key", API_KEY, "--debug-fault-token-id", str(FAULT_TOKEN_ID)],
         server_logs,
     )
-    try:
-        server.wait_ready()
+    with server.running():
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -30,11 +30,8 @@ def overload_server(server_logs: Path) -> Iterator[ServerProcess]:
          str(TIMEOUT_S), "--drain-grace-period", "2"],
         server_logs,
     )  # fmt: skip
-    try:
-        server.wait_ready()
+    with server.running():
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
