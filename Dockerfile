@@ -1,22 +1,22 @@
 # syntax=docker/dockerfile:1
 #
-# meterserve image. Dependencies come from `make install`, the same target `make serve` runs, so
-# what CI installs and tests is what the image runs (tests/deploy/test_dockerfile.py checks this).
+# meterserve image (CPU). Dependencies come from `make install`, the same target `make serve`
+# runs, so what CI installs and tests is what the image runs (tests/deploy/test_deploy_dockerfile.py
+# checks this).
 #
-#   CPU (default):  docker build -t meterserve .
-#   CUDA:           docker build -t meterserve:cuda \
-#                     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#   docker build -t meterserve .
 #
-# The CUDA torch wheel bundles the CUDA runtime; the host only needs the NVIDIA driver and the
-# NVIDIA Container Toolkit (`docker run --gpus all ...`). Pick the wheel index that carries the
-# torch version pinned in the Makefile.
+# meterserve runs on CPUs only, so the image carries torch's CPU build; a GPU on the host is not
+# used. A mirror of the CPU wheel index may be passed as --build-arg TORCH_INDEX_URL=...; it must
+# carry the torch version pinned in the Makefile.
 
 ARG PYTHON_VERSION=3.11
 
 # ---- build: the full Debian image already ships make, so nothing is apt-installed ----
 FROM python:${PYTHON_VERSION}-bookworm AS build
 
-# Only torch comes from this index (see TORCH_INDEX_URL in the Makefile); everything else is PyPI.
+# Only torch comes from this index (see TORCH_INDEX_URL in the Makefile), the CPU build; everything
+# else is PyPI.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 WORKDIR /app

@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# Package index for torch only; empty = pip's configured index. The Dockerfile passes the CPU or
-# a CUDA wheel index (PyPI's Linux torch wheel is the CUDA build).
+# Package index for torch only; empty = pip's configured index. The Dockerfile passes the CPU
+# wheel index (PyPI's Linux torch wheel is the much larger GPU build, which meterserve never uses).
 TORCH_INDEX_URL ?=
 
 .PHONY: serve test install install-test prometheus bench lint clean
