@@ -1,5 +1,8 @@
 """EngineCore: one step = schedule -> execute -> update, plus the step's meter readings.
 
+The meter (engine/meter) turns each executed step into FLOPs, bytes and attributed seconds;
+_charge() books them on the step's requests.
+
 Single-threaded by contract: every method is called from the one thread that owns the engine
 (the server's engine thread, or LLM.generate's caller).
 """
@@ -11,9 +14,12 @@ import time
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.cost import ChunkWork, CostModel, ModelShape, StepCost
 from engine.kv_budget import choose_num_blocks
 from engine.loader import load_checkpoint
+from engine.meter.config import MeterConfig
+from engine.meter.cost_model import ChunkWork, CostModel, ModelShape
+from engine.meter.meter import NO_CHARGE, Meter, StepCharge
+from engine.meter.peaks import resolve_peaks
 from engine.model_runner import ModelRunner
 from engine.stats import KVCacheInfo, StepStats
 from kvcache.kv_cache_manager import KVCacheManager
@@ -40,9 +46,9 @@ class ExecuteResult:
 
 
 class EngineCore:
-    """Owns the scheduler, the KV cache manager, the model runner and the cost model."""
+    """Owns the scheduler, the KV cache manager, the model runner and the meter."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, meter_config: MeterConfig | None = None) -> None:
         checkpoint = load_checkpoint(config.model)
         self.config = config
         self.tokenizer = checkpoint.tokenizer
@@ -67,7 +73,14 @@ class EngineCore:
         self.model_shape = ModelShape.from_hf_config(
             checkpoint.config, self.runner.dtype_bytes, self.runner.num_params
         )
-        self.cost_model = CostModel(self.model_shape)
+        meter_config = meter_config if meter_config is not None else MeterConfig()
+        self.meter = Meter(
+            meter_config,
+            CostModel(self.model_shape, self.runner.weight_bytes()),
+            resolve_peaks(
+                meter_config.peak_flops, meter_config.peak_memory_bandwidth, self.runner.dtype
+            ),
+        )
         self.max_running_batch_observed = 0
         log.info(
             "engine ready: model %s, dtype %s, %d KV blocks of %d tokens (%.1f MiB), max_model_len %d",
@@ -115,6 +128,10 @@ class EngineCore:
         status = RequestStatus.FINISHED_ERROR if error else RequestStatus.FINISHED_ABORTED
         return self.scheduler.abort_request(request_id, status, error)
 
+    def stop_request(self, request_id: str) -> TokenEvent | None:
+        """Finish a request as stopped: a stop string matched in its detokenized text."""
+        return self.scheduler.abort_request(request_id, RequestStatus.FINISHED_STOPPED)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests
 
@@ -127,21 +144,17 @@ class EngineCore:
             # and prefix lookups / preemptions made while scheduling nothing still count.
             events = self.scheduler.update(output, RunnerOutput())
             counted = output.prefix_cache_queried_tokens or output.num_preemptions
-            stats = (
-                self._stats(output, _NO_COST, started, 0.0, 0.0, _NO_EXECUTION) if counted else None
-            )
+            stats = self._stats(output, NO_CHARGE, started, 0.0, _NO_EXECUTION) if counted else None
             return StepResult(events, stats)
         executed = self._execute(output)
         duration = time.monotonic() - started
-        cost = self.cost_model.step_cost([_chunk_work(c) for c in output.chunks])
-        prefill_seconds = self._attribute(output, cost, duration)
+        charge = self._charge(output, duration)
         events: list[TokenEvent] = []
         for request_id, error in executed.failed.items():
             events.extend(self.scheduler.fail_requests([request_id], error))
         events.extend(self.scheduler.update(output, executed.runner_output))
         self.max_running_batch_observed = max(self.max_running_batch_observed, len(output.chunks))
-        stats = self._stats(output, cost, started, duration, prefill_seconds, executed)
-        return StepResult(events, stats)
+        return StepResult(events, self._stats(output, charge, started, duration, executed))
 
     def _execute(self, output: SchedulerOutput) -> ExecuteResult:
         """Run the step; if it raises, re-run chunk by chunk so only the culprits fail."""
@@ -162,17 +175,17 @@ class EngineCore:
             merged.logprobs.update(single.logprobs)
         return ExecuteResult(merged, failed, 1 + len(output.chunks))
 
-    def _attribute(self, output: SchedulerOutput, cost: StepCost, duration: float) -> float:
-        """Split the step's wall time among its chunks by FLOPs share; returns prefill seconds."""
-        total = cost.total_flops or 1.0
-        prefill_seconds = 0.0
-        for chunk, flops, nbytes in zip(
-            output.chunks, cost.chunk_flops, cost.chunk_bytes, strict=True
+    def _charge(self, output: SchedulerOutput, duration: float) -> StepCharge:
+        """Meter the step and book each chunk's seconds, FLOPs and bytes on its request."""
+        charge = self.meter.charge_step([_chunk_work(c) for c in output.chunks], duration)
+        for chunk, seconds, flops, nbytes in zip(
+            output.chunks,
+            charge.chunk_seconds,
+            charge.cost.chunk_flops,
+            charge.cost.chunk_bytes,
+            strict=True,
         ):
-            seconds = duration * flops / total
             request = self.scheduler.get_request(chunk.request_id)
-            if not chunk.is_decode:
-                prefill_seconds += seconds
             if request is None:
                 continue
             if chunk.is_decode:
@@ -183,10 +196,10 @@ class EngineCore:
                 request.cost.prefill_seconds += seconds
                 request.cost.prefill_flops += flops
                 request.cost.prefill_bytes += nbytes
-        # Rounding must never make the decode share (duration - prefill) negative.
-        return min(prefill_seconds, duration)
+        return charge
 
-    def _stats(self, output, cost, started, duration, prefill_seconds, executed) -> StepStats:
+    def _stats(self, output, charge: StepCharge, started, duration, executed) -> StepStats:
+        cost = charge.cost
         return StepStats(
             started_at=started,
             duration_s=duration,
@@ -204,8 +217,8 @@ class EngineCore:
             decode_flops=cost.decode_flops,
             prefill_bytes=cost.prefill_bytes,
             decode_bytes=cost.decode_bytes,
-            prefill_seconds=prefill_seconds,
-            decode_seconds=duration - prefill_seconds,
+            prefill_seconds=charge.prefill_seconds,
+            decode_seconds=charge.decode_seconds,
             num_forward_passes=executed.num_forward_passes,
         )
 
@@ -234,7 +247,6 @@ class EngineCore:
         self.kv_cache.check_invariants()
 
 
-_NO_COST = StepCost(0.0, 0.0, 0.0, 0.0, [], [])
 _NO_EXECUTION = ExecuteResult(RunnerOutput(), {}, 0)
 
 

@@ -18,9 +18,15 @@ from engine.config import EngineConfig
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint
+from engine.meter.cost_model import WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.layer_ops import make_layer_ops
-from engine.models.packed_linear import PackedLinear, pack_linears, packing_available
+from engine.models.packed_linear import (
+    SMALL_BATCH_ROWS,
+    PackedLinear,
+    pack_linears,
+    packing_available,
+)
 from engine.quantized_weights import read_quantized_weights, repack
 from engine.sampler import Sampler
 from scheduler.output import RunnerOutput, SchedulerOutput
@@ -55,6 +61,14 @@ def _count_params(model) -> int:
     return sum(
         p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight")
     )
+
+
+def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    """(small-batch, large-batch) bytes of a module's own weights, not its children's."""
+    if isinstance(module, PackedLinear):
+        return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
+    own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+    return own, own
 
 
 class ModelRunner:
@@ -103,6 +117,21 @@ class ModelRunner:
                 count += 1
         log.info("%d linear layers run decode matvecs on GGUF blocks", count)
         return count
+
+    def weight_bytes(self) -> WeightBytes:
+        """Weight bytes a forward pass reads, per path, as the layers are laid out now."""
+        head = self.model.lm_head
+        body_small = body_large = 0
+        for name, module in self.model.named_modules():
+            if module is head or name == "embed_tokens":
+                continue
+            small, large = _module_bytes(module)
+            body_small += small
+            body_large += large
+        head_small, head_large = _module_bytes(head)
+        row = self.shape.hidden_size * self.dtype_bytes
+        small_rows = SMALL_BATCH_ROWS if self.kernels is not None else 0
+        return WeightBytes(body_small, body_large, head_small, head_large, row, small_rows)
 
     @property
     def dtype_bytes(self) -> int:

@@ -26,7 +26,8 @@ class KVCacheInfo:
 class StepStats:
     """One step: timing (time.monotonic seconds), contents, and the cost model's estimates.
 
-    duration_s is split into prefill_seconds + decode_seconds by FLOPs share.
+    duration_s is split into prefill_seconds + decode_seconds by roofline share
+    (engine/meter/attribution.py).
     """
 
     started_at: float

@@ -114,6 +114,7 @@ class TokenEvent:
     # latency); None where there is no such token.
     produced_at: float | None = None
     previous_token_at: float | None = None
+    arrival_time: float | None = None  # the request's arrival (monotonic), for TTFT
     # Set on the finishing event only: the request's timestamps and attributed cost.
     times: RequestTimes | None = None
     cost: RequestCost | None = None

@@ -49,7 +49,8 @@ class RequestTimes:
 
 @dataclass(slots=True)
 class RequestCost:
-    """What one request consumed, attributed by the engine step by step (FLOPs share of each step)."""
+    """What one request consumed, attributed by the engine step by step (each step's time split
+    by roofline share, engine/meter/attribution.py)."""
 
     prefill_flops: float = 0.0
     decode_flops: float = 0.0

@@ -337,6 +337,7 @@ class Scheduler:
             num_cached_tokens=request.num_cached_tokens,
             num_output_tokens=request.num_output_tokens,
             produced_at=now,
+            arrival_time=request.arrival_time,
             times=request.times if finished else None,
             cost=request.cost if finished else None,
         )

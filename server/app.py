@@ -36,6 +36,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="meterserve", version=package_version(), lifespan=lifespan)
     client = EngineClient(
         settings.engine,
+        meter_config=settings.meter,
         max_waiting_requests=settings.max_waiting_requests,
         max_queued_tokens=settings.max_queued_tokens,
         request_timeout=settings.request_timeout,
@@ -71,12 +72,12 @@ def build_metrics(settings: Settings, core: Any) -> Any:
     from server.metrics import ServerMetrics
 
     return ServerMetrics(
-        settings.meter,
+        core.meter,
         settings.served_model_name or core.model_name,
         core.kv_cache_info,
         core.runner.num_params,
-        core.runner.dtype_bytes,
         max_num_seqs=settings.engine.max_num_seqs,
+        tenants=settings.tenants.label_values,
     )
 
 

@@ -3,9 +3,11 @@
 The engine (EngineCore) is single-threaded by contract, so one thread owns it: it loads the
 model, then loops: take commands (add, abort, snapshot, stop) -> step() -> hand the step's
 token events to the asyncio loop in one `call_soon_threadsafe`. On the loop side every HTTP
-request owns a `RequestGroup` (its n engine requests and one asyncio.Queue); the dispatcher
-routes each event to its group. Releasing a group aborts whatever of it is unfinished, so a
-disconnect, a timeout or a stop string frees the engine's blocks the same way.
+request owns a `RequestGroup` (server/request_group.py: its n engine requests and one
+asyncio.Queue); the dispatcher routes each event to its group. Releasing a group aborts
+whatever of it is unfinished, so a disconnect, a timeout or an error frees the engine's
+blocks the same way; a stop string finishes its engine request as stopped. A released group
+is settled (its bill booked once) when its last final event arrives.
 """
 
 from __future__ import annotations
@@ -21,24 +23,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.meter.config import MeterConfig
 from scheduler.output import TokenEvent
-from scheduler.sampling_params import SamplingParams
 from server.admission import Admission
 from server.errors import OpenAIError
+from server.request_group import (
+    FAILED,
+    BillingAccount,
+    EngineRequestSpec,
+    RequestGroup,
+    Settlement,
+)
 
 log = logging.getLogger(__name__)
 
 _STALL_WAIT_S = 0.005
 MetricsFactory = Callable[[Any], Any]  # EngineCore -> ServerMetrics (built on the engine thread)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRequestSpec:
-    """One engine request: one choice of one prompt."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class _Add:
 class _Abort:
     request_id: str
     error: str | None = None
+    stopped: bool = False  # a stop string matched: the request finishes as "stop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,49 +64,6 @@ class _Stop:
     reason: str
 
 
-class RequestGroup:
-    """One HTTP request's engine requests and the queue their events arrive on, in order.
-
-    Items on the queue are (choice index, TokenEvent), or an OpenAIError when the server
-    ends the request itself (timeout, shutdown, engine failure).
-    """
-
-    def __init__(
-        self,
-        specs: list[EngineRequestSpec],
-        deadline: float | None,
-        on_timeout: Callable[[], None] | None = None,
-    ) -> None:
-        self.specs = specs
-        self.deadline = deadline  # loop.time() seconds, or None
-        self._on_timeout = on_timeout
-        self.queue: asyncio.Queue[tuple[int, TokenEvent] | OpenAIError] = asyncio.Queue()
-        self.index = {spec.request_id: i for i, spec in enumerate(specs)}  # -> choice index
-        self.unfinished: set[str] = set(self.index)
-        self.queued: set[str] = set(self.unfinished)  # not yet past admission's queue
-        self.aborted: set[str] = set()  # abort sent, final event pending
-        self.num_tokens_seen = 0
-
-    async def next_event(self) -> tuple[int, TokenEvent]:
-        """The next event of any choice; raises OpenAIError on timeout or server failure."""
-        try:
-            async with asyncio.timeout_at(self.deadline):
-                item = await self.queue.get()
-        except TimeoutError:
-            if self._on_timeout is not None:
-                self._on_timeout()
-            raise OpenAIError(
-                408,
-                f"request timed out: it did not finish within the server's request timeout "
-                f"({self.num_tokens_seen} tokens had been generated)",
-                code="request_timeout",
-            ) from None
-        if isinstance(item, OpenAIError):
-            raise item
-        self.num_tokens_seen += len(item[1].new_token_ids)
-        return item
-
-
 class EngineClient:
     """Owns the engine thread; admits, routes and aborts requests for the HTTP handlers."""
 
@@ -113,12 +71,14 @@ class EngineClient:
         self,
         engine_config: EngineConfig,
         *,
+        meter_config: MeterConfig | None = None,
         max_waiting_requests: int,
         max_queued_tokens: int,
         request_timeout: float | None,
         metrics_factory: MetricsFactory | None = None,
     ) -> None:
         self._engine_config = engine_config
+        self.meter_config = meter_config if meter_config is not None else MeterConfig()
         self._request_timeout = request_timeout
         self._metrics_factory = metrics_factory
         self._admission = Admission(max_waiting_requests, max_queued_tokens)
@@ -207,7 +167,9 @@ class EngineClient:
 
     # ------------------------------------------------------------------ requests (loop side)
 
-    def submit(self, specs: list[EngineRequestSpec]) -> RequestGroup:
+    def submit(
+        self, specs: list[EngineRequestSpec], account: BillingAccount | None = None
+    ) -> RequestGroup:
         """Admit a group of engine requests or raise 429/503 OpenAIError."""
         self._check_accepting()
         now = time.monotonic()
@@ -223,7 +185,12 @@ class EngineClient:
             )
         loop = asyncio.get_running_loop()
         deadline = None if self._request_timeout is None else loop.time() + self._request_timeout
-        group = RequestGroup(specs, deadline, lambda: self._observe_rejection("timeout"))
+        group = RequestGroup(
+            specs,
+            deadline,
+            account if account is not None else self.default_account(),
+            lambda: self._observe_rejection("timeout"),
+        )
         self._groups.add(group)
         self._idle.clear()
         for index, spec in enumerate(specs):
@@ -232,25 +199,43 @@ class EngineClient:
             self._commands.put(_Add(spec, now))
         return group
 
-    def abort(self, group: RequestGroup, request_id: str) -> None:
-        """End one engine request early (a stop string matched). Its blocks are freed and its
-        final event (finish_reason "abort", with timings and cost) still reaches the group."""
+    def default_account(self, tenant: str = "default") -> BillingAccount:
+        """The server's list prices, billed to `tenant`."""
+        meter = self.meter_config
+        return BillingAccount(tenant, meter.default_prices)
+
+    def stop(self, group: RequestGroup, request_id: str) -> None:
+        """A stop string matched: finish the engine request as stopped (its blocks are freed;
+        its final event, with timings and cost, still reaches the group)."""
         if request_id in group.unfinished and request_id not in group.aborted:
             group.aborted.add(request_id)
-            self._commands.put(_Abort(request_id))
+            self._commands.put(_Abort(request_id, stopped=True))
+
+    def deliver(self, group: RequestGroup, index: int, num_tokens: int) -> None:
+        """num_tokens more output tokens of choice `index` went into the response."""
+        if num_tokens:
+            group.delivered[index] += num_tokens
+            if self.metrics is not None:
+                _safely(self.metrics.observe_delivered, group.account.tenant, num_tokens)
+
+    def bill(self, group: RequestGroup):
+        return group.bill(self.meter_config.hardware_price_per_second)
 
     def release(self, group: RequestGroup) -> None:
         """The HTTP request is over (done, failed, timed out or disconnected): abort what is
-        unfinished and drop its later events."""
+        unfinished. Its routes stay until the aborts are acknowledged, then it is settled."""
+        if group.released:
+            return
+        group.released = True
         for request_id in list(group.unfinished):
-            group.unfinished.discard(request_id)
-            self._routes.pop(request_id, None)
-            self._leave_queue(group, request_id)
+            self._leave_queue(group, request_id, served=False)
             if request_id not in group.aborted:
+                group.aborted.add(request_id)
                 self._commands.put(_Abort(request_id))
         self._groups.discard(group)
         if not self._groups:
             self._idle.set()
+        self._settle_if_complete(group)
 
     def observe_rejection(self, reason: str) -> None:
         self._observe_rejection(reason)
@@ -283,28 +268,47 @@ class EngineClient:
             self._observe_rejection("draining")
         raise OpenAIError(503, f"service unavailable: {reason}", code=f"server_{state}")
 
-    def _leave_queue(self, group: RequestGroup, request_id: str) -> None:
+    def _leave_queue(self, group: RequestGroup, request_id: str, served: bool) -> None:
+        """served: it left the queue with a first token (what Retry-After's rate counts)."""
         if request_id in group.queued:
             group.queued.discard(request_id)
             spec = group.specs[group.index[request_id]]
-            self._admission.leave(len(spec.prompt_token_ids), time.monotonic())
+            self._admission.leave(len(spec.prompt_token_ids), time.monotonic(), served)
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
-        """Loop side: route one step's events to their groups' queues."""
+        """Loop side: route one step's events to their groups' queues (a released group only
+        collects its final events, for its settlement)."""
         for event in events:
             route = self._routes.get(event.request_id)
             if route is None:
-                continue  # aborted by us, or its group is gone
+                continue  # not ours (any more)
             group, index = route
             if event.new_token_ids or event.finished:
-                self._leave_queue(group, event.request_id)
+                self._leave_queue(group, event.request_id, served=bool(event.new_token_ids))
             if event.finished:
                 group.unfinished.discard(event.request_id)
+                group.final_events[index] = event
                 del self._routes[event.request_id]
-            group.queue.put_nowait((index, event))
+            if group.released:
+                self._settle_if_complete(group)
+            else:
+                group.queue.put_nowait((index, event))
+
+    def _settle_if_complete(self, group: RequestGroup) -> None:
+        """Book a released group's bill once, when every final event is in (or at once when
+        the engine is dead and none will come)."""
+        if group.settled or not group.released or not (group.complete or self.error):
+            return
+        group.settled = True
+        for request_id in group.unfinished:
+            self._routes.pop(request_id, None)
+        settlement: Settlement = group.settlement(self.meter_config.hardware_price_per_second)
+        if self.metrics is not None:
+            _safely(self.metrics.observe_settlement, settlement)
 
     def _fail_all(self, error: OpenAIError) -> None:
         for group in list(self._groups):
+            group.end_reason = FAILED
             group.queue.put_nowait(error)
 
     def _on_ready(self, core: Any, metrics: Any) -> None:
@@ -323,6 +327,8 @@ class EngineClient:
     def _on_dead(self, error: str) -> None:
         self.error = error
         self._fail_all(OpenAIError(500, f"engine failure: {error}", code="engine_dead"))
+        for route_group, _ in list(self._routes.values()):
+            self._settle_if_complete(route_group)  # released ones: no final event will come
 
     def _observe_rejection(self, reason: str) -> None:
         if self.metrics is not None:
@@ -341,7 +347,7 @@ class EngineClient:
         try:
             from engine.core import EngineCore  # heavy (torch); only the engine thread needs it
 
-            core = EngineCore(self._engine_config)
+            core = EngineCore(self._engine_config, self.meter_config)
             metrics = self._metrics_factory(core) if self._metrics_factory else None
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, not raised
             log.error("model failed to load: %s", exc)
@@ -430,12 +436,16 @@ class _EngineLoop:
                     arrival_time=command.arrival_time,
                 )
             except Exception as exc:  # noqa: BLE001 - the route pre-checks; this is a backstop
-                return [_error_event(spec, f"request rejected by the engine: {_one_line(exc)}")]
+                why = f"request rejected by the engine: {_one_line(exc)}"
+                return [_error_event(spec, why, command.arrival_time)]
             self.live.add(spec.request_id)
             return []
         if isinstance(command, _Abort):
             self.live.discard(command.request_id)
-            event = self.core.abort_request(command.request_id, command.error)
+            if command.stopped:
+                event = self.core.stop_request(command.request_id)
+            else:
+                event = self.core.abort_request(command.request_id, command.error)
             return [event] if event is not None else []
         return []
 
@@ -484,13 +494,14 @@ class _EngineLoop:
         }
 
 
-def _error_event(spec: EngineRequestSpec, error: str) -> TokenEvent:
+def _error_event(spec: EngineRequestSpec, error: str, arrival_time: float) -> TokenEvent:
     return TokenEvent(
         request_id=spec.request_id,
         new_token_ids=[],
         finish_reason="error",
         error=error,
         num_prompt_tokens=len(spec.prompt_token_ids),
+        arrival_time=arrival_time,
     )
 
 

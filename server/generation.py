@@ -4,8 +4,10 @@ Both endpoints and both modes (stream or not) consume the same `updates()` itera
 concatenated stream and the non-streamed text are built from the same pieces.
 
 Choice index i belongs to prompt i // n. A choice ends when the engine finishes it or when
-a stop string matches; then its engine request is aborted (freeing its blocks) and its final
-event (timings, cost) still arrives for `usage`.
+a stop string matches; then its engine request is finished as stopped (freeing its blocks)
+and its final event (timings, cost) still arrives for `usage`. Every token that goes into
+the response is reported to the client as delivered, so the bill and the counters count
+exactly what the client got.
 """
 
 from __future__ import annotations
@@ -19,15 +21,12 @@ from fastapi import Request
 
 from scheduler.output import TokenEvent, TokenLogprobs
 from server.detokenizer import IncrementalDetokenizer
-from server.engine_client import EngineClient, RequestGroup
+from server.engine_client import EngineClient
 from server.errors import OpenAIError
 from server.protocol import PromptTokensDetails, Usage
+from server.request_group import FAILED, RequestGroup
 
 T = TypeVar("T")
-
-# usage-extension fields that add up over a request's choices; the others (latencies) take
-# the slowest choice.
-_ADDITIVE_USAGE_FIELDS = frozenset({"cost_usd", "flops", "prefill_seconds", "decode_seconds"})
 
 
 @dataclass(slots=True)
@@ -101,25 +100,24 @@ class Generation:
             choice.final_event = event
         if choice.finish_reason is not None:
             return None  # stopped by a stop string; this is the abort's acknowledgement
-        if event.finish_reason == "error":
-            raise OpenAIError(500, f"request failed: {event.error}", code="engine_error")
-        if event.finish_reason == "abort":
-            reason = event.error or "aborted by the engine"
-            raise OpenAIError(500, f"request ended early: {reason}", code="request_aborted")
+        if event.finish_reason in ("error", "abort"):
+            self._fail(choice, event)
         offset = len(choice.detokenizer.text)
+        consumed = choice.detokenizer.num_tokens
         text = choice.detokenizer.add(event.new_token_ids)
+        self.client.deliver(self.group, choice.index, choice.detokenizer.num_tokens - consumed)
         n_new = len(event.new_token_ids)
         choice.token_ids.extend(event.new_token_ids)
         choice.logprobs.extend(event.logprobs)
         offsets = [offset] * len(event.logprobs)
         choice.text_offsets.extend(offsets)
         if choice.detokenizer.stopped:
-            choice.finish_reason = "stop"
+            self._finish(choice, "stop")
             if not event.finished:
-                self.client.abort(self.group, choice.request_id)
+                self.client.stop(self.group, choice.request_id)
         elif event.finished:
             text += choice.detokenizer.finish()
-            choice.finish_reason = event.finish_reason
+            self._finish(choice, event.finish_reason)
         if not (text or n_new or choice.finish_reason):
             return None
         return ChoiceUpdate(
@@ -131,42 +129,57 @@ class Generation:
             choice.finish_reason,
         )
 
+    def _finish(self, choice: ChoiceState, reason: str | None) -> None:
+        choice.finish_reason = reason
+        self.group.finish_reasons[choice.index] = reason
+
+    def _fail(self, choice: ChoiceState, event: TokenEvent) -> None:
+        """The engine ended the choice with an error (or aborted it on its own)."""
+        self._finish(choice, FAILED)
+        self.group.end_reason = FAILED
+        if event.finish_reason == "error":
+            raise OpenAIError(500, f"request failed: {event.error}", code="engine_error")
+        reason = event.error or "aborted by the engine"
+        raise OpenAIError(500, f"request ended early: {reason}", code="request_aborted")
+
     def usage(self) -> Usage:
-        """Token counts (prompt once per prompt; completion tokens consumed by each choice)
-        plus the meter's per-request extension merged over choices."""
-        completion = sum(choice.detokenizer.num_tokens for choice in self.choices)
-        prompt = sum(len(p) for p in self.prompts)
-        cached = 0
-        for p_index in range(len(self.prompts)):
-            events = [
-                c.final_event for c in self.choices[p_index * self.n : (p_index + 1) * self.n]
-            ]
-            cached += min((e.num_cached_tokens for e in events if e is not None), default=0)
-        extension = self._usage_extension()
+        """OpenAI's token counts and the meter's extension, from the request's bill (the same
+        bill the counters book when the request is settled)."""
+        bill = self.client.bill(self.group)
         return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-            **extension,
+            prompt_tokens=bill.prompt_tokens,
+            completion_tokens=bill.completion_tokens,
+            total_tokens=bill.prompt_tokens + bill.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=bill.cached_tokens),
+            cost_usd=bill.cost_usd,
+            revenue_usd=bill.revenue_usd,
+            prefill_seconds=bill.prefill_seconds,
+            decode_seconds=bill.decode_seconds,
+            flops=bill.flops,
+            **_latencies(self.group.final_events),
         )
 
-    def _usage_extension(self) -> dict[str, float]:
-        metrics = self.client.metrics
-        if metrics is None:
-            return {}
-        merged: dict[str, float] = {}
-        for choice in self.choices:
-            if choice.final_event is None:
-                continue
-            for key, value in metrics.usage_extension(choice.final_event).items():
-                if key not in merged:
-                    merged[key] = value
-                elif key in _ADDITIVE_USAGE_FIELDS:
-                    merged[key] += value
-                else:
-                    merged[key] = max(merged[key], value)
-        return merged
+
+def _latencies(events: list[TokenEvent | None]) -> dict[str, float]:
+    """queue_seconds and time_to_first_token_seconds of the slowest choice; a timing no
+    choice reached is left out."""
+    queue: list[float] = []
+    ttft: list[float] = []
+    for event in events:
+        times = event.times if event is not None else None
+        if times is None:
+            continue
+        scheduled = times.first_scheduled if times.first_scheduled is not None else times.finished
+        if scheduled is not None:
+            queue.append(scheduled - times.arrival)
+        if times.first_token is not None:
+            ttft.append(times.first_token - times.arrival)
+    fields = {}
+    if queue:
+        fields["queue_seconds"] = max(queue)
+    if ttft:
+        fields["time_to_first_token_seconds"] = max(ttft)
+    return fields
 
 
 class ClientDisconnected(Exception):

@@ -1,9 +1,17 @@
-"""ServerMetrics: the engine's StepStats and TokenEvents as Prometheus metrics.
+"""ServerMetrics: the meter's readings as Prometheus metrics. It exports; it computes nothing
+that clients are told (costs and bills come from engine/meter).
 
 The only prometheus_client importer in the repository. Conventions: prefix `meterserve_`,
 base units (seconds, bytes, joules, dollars), `_total` counters, `_ratio` for 0..1, and only
-bounded labels: model, phase, finished_reason, reason (plus the fixed facts block_size,
-num_blocks and source on info-style gauges). docs/metrics.md lists every metric.
+bounded labels: model, phase, finished_reason, reason, tenant (configured names, "default"
+or "other"), path (plus the fixed facts block_size, num_blocks and source on info-style
+gauges). docs/metrics.md lists every metric.
+
+Three feeds, each under one lock so a scrape is a consistent snapshot:
+- observe_step / observe_event (engine thread): work done, latencies at the moment tokens
+  are produced (TTFT at the first token);
+- observe_delivered (loop thread): output tokens as they go into responses;
+- observe_settlement (loop thread): one finished API request's bill, exactly once.
 """
 
 from __future__ import annotations
@@ -12,7 +20,6 @@ import math
 import threading
 from typing import Any
 
-import torch
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4,
     CollectorRegistry,
@@ -24,16 +31,20 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.energy import EnergyMeter
-from engine.peak import measure_peaks
+from engine.meter.energy import EnergyMeter
+from engine.meter.meter import Meter
 from engine.stats import KVCacheInfo, StepStats
 from scheduler.output import TokenEvent
-from server.meter_config import MeterConfig
+from server.request_group import Settlement
 
 PREFIX = "meterserve_"
 PHASES = ("prefill", "decode")
-# Requests that ended normally; aborts and errors never count as goodput.
+# Requests that ended normally; aborts, timeouts and errors never count as goodput.
 COMPLETED_REASONS = ("stop", "length")
+FINISHED_REASONS = (*COMPLETED_REASONS, "abort", "timeout", "error")
+# A request that ended without a first token misses the TTFT SLO when the server failed it or
+# when it waited past the SLO; a client that gave up sooner tells nothing about the server.
+FAILED_REASONS = ("timeout", "error")
 
 # Latency buckets (seconds); the configured SLO is added to each latency histogram.
 # fmt: off
@@ -57,34 +68,36 @@ def slo_buckets(buckets: tuple[float, ...], slo: float) -> tuple[float, ...]:
 
 
 class ServerMetrics:
-    """Owns a registry of meterserve metrics and updates it from engine outputs.
+    """Owns a registry of meterserve metrics and updates it from the meter's readings.
 
-    observe_* run on the engine thread and render() on the asyncio thread; one lock makes
-    every scrape a consistent snapshot (no request counted in one metric but not another).
+    observe_step/observe_event run on the engine thread, observe_delivered/observe_settlement
+    and render() on the asyncio thread; one lock makes every scrape a consistent snapshot.
     """
 
     def __init__(
         self,
-        meter: MeterConfig,
+        meter: Meter,
         model_name: str,
         kv_cache_info: KVCacheInfo,
         num_params: int,
-        dtype_bytes: int,
         registry: CollectorRegistry | None = None,
         *,
         max_num_seqs: int | None = None,
         energy_meter: EnergyMeter | None = None,
+        tenants: tuple[str, ...] = ("default",),
     ) -> None:
         self.meter = meter
+        self.slo = meter.config
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
         self._lock = threading.Lock()
         self._energy = energy_meter if energy_meter is not None else EnergyMeter.detect()
         self._define_traffic()
+        self._define_tenants(tenants)
         self._define_queue(kv_cache_info, max_num_seqs)
         self._define_latency()
         self._define_cost()
-        self._set_constants(num_params, dtype_bytes)
+        self._set_constants(num_params)
         self.registry.register(_EnergyCollector(self._energy, model_name))
         ProcessCollector(registry=self.registry)
 
@@ -106,19 +119,28 @@ class ServerMetrics:
     def _define_traffic(self) -> None:
         m = self.model_name
         self.requests = self._counter(
-            "requests", "Finished requests by OpenAI finish_reason.", ("finished_reason",)
+            "requests",
+            "Finished engine requests (choices) by the finish_reason their client got.",
+            ("finished_reason",),
         )
-        for reason in (*COMPLETED_REASONS, "abort", "error"):
+        for reason in FINISHED_REASONS:
             self.requests.labels(model=m, finished_reason=reason)
         self.rejections = self._counter(
             "request_rejections", "Requests refused at admission, by reason.", ("reason",)
         )
-        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of requests.").labels(m)
+        self.prompt_tokens = self._counter(
+            "prompt_tokens", "Prompt tokens billed (usage.prompt_tokens; each prompt once)."
+        ).labels(m)
         self.cached_prompt_tokens = self._counter(
-            "cached_prompt_tokens", "Prompt tokens served from the prefix cache."
+            "cached_prompt_tokens", "Billed prompt tokens served from the prefix cache."
         ).labels(m)
         self.generation_tokens = self._counter(
-            "generation_tokens", "Tokens generated and returned to clients."
+            "generation_tokens", "Output tokens delivered in responses (usage.completion_tokens)."
+        ).labels(m)
+        self.undelivered_tokens = self._counter(
+            "undelivered_tokens",
+            "Output tokens computed but never delivered (after a stop string matched, or after "
+            "the client left or timed out); in the cost, not billed.",
         ).labels(m)
         self.computed_tokens = self._by_phase(
             self._counter("computed_tokens", "Tokens run through the model, by phase.", ("phase",))
@@ -130,6 +152,39 @@ class ServerMetrics:
                 ("phase",),
             )
         )
+
+    def _define_tenants(self, tenants: tuple[str, ...]) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return self._counter("tenant_" + name, doc, ("tenant", *labels))
+
+        self.tenant_prompt_tokens = counter("prompt_tokens", "Billed prompt tokens by tenant.")
+        self.tenant_cached_tokens = counter(
+            "cached_prompt_tokens", "Billed prompt tokens from the prefix cache, by tenant."
+        )
+        self.tenant_generation_tokens = counter(
+            "generation_tokens", "Delivered output tokens by tenant."
+        )
+        self.tenant_requests = counter(
+            "requests", "Finished engine requests by tenant and finish_reason.", ("finished_reason",)
+        )
+        self.tenant_cost = counter(
+            "cost_dollars", "Usage-basis hardware cost of the tenant's requests (USD)."
+        )
+        self.tenant_revenue = counter(
+            "revenue_dollars", "What the tenant's requests are charged at its prices (USD)."
+        )
+        m = self.model_name
+        for tenant in tenants:  # series exist from the start, so rate() sees the first request
+            for metric in (
+                self.tenant_prompt_tokens,
+                self.tenant_cached_tokens,
+                self.tenant_generation_tokens,
+                self.tenant_cost,
+                self.tenant_revenue,
+            ):
+                metric.labels(model=m, tenant=tenant)
+            for reason in FINISHED_REASONS:
+                self.tenant_requests.labels(model=m, tenant=tenant, finished_reason=reason)
 
     def _define_queue(self, kv: KVCacheInfo, max_num_seqs: int | None) -> None:
         m = self.model_name
@@ -160,10 +215,10 @@ class ServerMetrics:
         ).labels(m)
 
     def _define_latency(self) -> None:
-        m, slo = self.model_name, self.meter
+        m, slo = self.model_name, self.slo
         self.ttft = self._histogram(
             "time_to_first_token_seconds",
-            "Arrival to first token.",
+            "Arrival to first token, observed when the first token is produced.",
             slo_buckets(TTFT_BUCKETS, slo.slo_ttft_seconds),
         )
         self.itl = self._histogram(
@@ -186,31 +241,40 @@ class ServerMetrics:
         self.goodput = self._counter(
             "goodput_requests", "Completed requests that met the TTFT and TPOT SLOs."
         ).labels(m)
+        self.ttft_judged = self._counter(
+            "slo_ttft_requests",
+            "Requests judged against the TTFT SLO: each first token, and each request that "
+            "ended without one by error or timeout, or after waiting longer than the SLO.",
+        ).labels(m)
         self.ttft_misses = self._counter(
-            "slo_ttft_misses", "Requests whose time to first token exceeded the SLO."
+            "slo_ttft_misses",
+            "Judged requests without a first token within the TTFT SLO.",
         ).labels(m)
 
     def _define_cost(self) -> None:
         self.busy_seconds = self._by_phase(
             self._counter(
-                "busy_seconds", "Engine step time, split by FLOPs share of the phase.", ("phase",)
+                "busy_seconds", "Engine step time, split by roofline share.", ("phase",)
             )
         )
         self.flops = self._by_phase(
             self._counter("flops", "Estimated floating-point operations.", ("phase",))
         )
         self.memory_bytes = self._by_phase(
-            self._counter("memory_bytes", "Estimated bytes moved (weights, KV).", ("phase",))
+            self._counter(
+                "memory_bytes",
+                "Estimated bytes moved (weights in the format read, KV read and written).",
+                ("phase",),
+            )
         )
         self.request_cost = self._histogram(
-            "request_cost_dollars", "Usage-basis hardware cost of one request.", COST_BUCKETS
+            "request_cost_dollars", "Usage-basis hardware cost of one API request.", COST_BUCKETS
         )
 
-    def _set_constants(self, num_params: int, dtype_bytes: int) -> None:
-        m, meter = self.model_name, self.meter
+    def _set_constants(self, num_params: int) -> None:
+        m, meter = self.model_name, self.slo
         gauges = {
             "model_parameters": ("Parameters of the served model.", num_params),
-            "model_weight_bytes": ("Bytes of weights read per step.", num_params * dtype_bytes),
             "slo_ttft_seconds": ("Configured time-to-first-token SLO.", meter.slo_ttft_seconds),
             "slo_itl_seconds": ("Configured inter-token latency SLO.", meter.slo_itl_seconds),
             "hardware_price_dollars_per_second": (
@@ -218,11 +282,11 @@ class ServerMetrics:
                 meter.hardware_price_per_second,
             ),
             "price_dollars_per_input_token": (
-                "List price charged per prompt token.",
+                "Default list price charged per prompt token.",
                 meter.price_per_million_input_tokens / 1e6,
             ),
             "price_dollars_per_output_token": (
-                "List price charged per generated token.",
+                "Default list price charged per generated token.",
                 meter.price_per_million_output_tokens / 1e6,
             ),
             "cost_ceiling_dollars_per_output_token": (
@@ -232,29 +296,24 @@ class ServerMetrics:
         }
         for name, (doc, value) in gauges.items():
             self._gauge(name, doc).labels(m).set(value)
-        flops, bandwidth, flops_source, bandwidth_source = self._peaks(dtype_bytes)
+        weights = self.meter.cost_model.weight_bytes
+        weight_bytes = self._gauge(
+            "model_weight_bytes",
+            "Bytes of weights one forward pass reads, by kernel path (small_batch: matvecs of "
+            "few rows, in the stored format; large_batch: matmuls over bf16/float32).",
+            ("path",),
+        )
+        weight_bytes.labels(m, "small_batch").set(weights.body_small + weights.head_small)
+        weight_bytes.labels(m, "large_batch").set(weights.body_large + weights.head_large)
+        peaks = self.meter.peaks
         self._gauge("peak_flops_per_second", "Peak FLOP/s used for MFU.", ("source",)).labels(
-            m, flops_source
-        ).set(flops)
+            m, peaks.flops_source
+        ).set(peaks.flops_per_second)
         self._gauge(
             "peak_memory_bandwidth_bytes_per_second", "Peak bytes/s used for MBU.", ("source",)
-        ).labels(m, bandwidth_source).set(bandwidth)
+        ).labels(m, peaks.bytes_source).set(peaks.bytes_per_second)
 
-    def _peaks(self, dtype_bytes: int) -> tuple[float, float, str, str]:
-        flops, bandwidth = self.meter.peak_flops, self.meter.peak_memory_bandwidth
-        if flops is not None and bandwidth is not None:
-            return flops, bandwidth, "configured", "configured"
-        dtype = torch.bfloat16 if dtype_bytes == 2 else torch.float32
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        measured = measure_peaks(dtype, device)
-        return (
-            flops if flops is not None else measured.flops_per_second,
-            bandwidth if bandwidth is not None else measured.bytes_per_second,
-            "configured" if flops is not None else "measured",
-            "configured" if bandwidth is not None else "measured",
-        )
-
-    # ---- updates --------------------------------------------------------------------------
+    # ---- engine thread --------------------------------------------------------------------
 
     def observe_step(self, stats: StepStats) -> None:
         with self._lock:
@@ -280,43 +339,72 @@ class ServerMetrics:
             self._set_queue_state(stats.num_waiting, stats.num_running, stats.kv_cache_usage)
 
     def observe_event(self, event: TokenEvent) -> None:
+        """Latencies as tokens are produced: inter-token gaps, and TTFT (with its SLO verdict)
+        at the first token rather than when the request ends."""
         with self._lock:
-            if event.produced_at is not None and event.previous_token_at is not None:
+            if event.produced_at is None or not event.new_token_ids:
+                return
+            if event.previous_token_at is not None:
                 self.itl.observe(event.produced_at - event.previous_token_at)
-            is_first_token = bool(event.new_token_ids) and event.previous_token_at is None
-            # Prompt tokens count when the first token is out (the prompt has been computed),
-            # or at the end of a request that never produced one.
-            if is_first_token or (event.finished and event.num_output_tokens == 0):
-                self.prompt_tokens.inc(event.num_prompt_tokens)
-                self.cached_prompt_tokens.inc(event.num_cached_tokens)
-            self.generation_tokens.inc(len(event.new_token_ids))
-            if event.finish_reason is not None:
-                self._observe_finished(event)
+            elif event.arrival_time is not None:
+                ttft = event.produced_at - event.arrival_time
+                self.ttft.observe(ttft)
+                self.ttft_judged.inc()
+                if ttft > self.slo.slo_ttft_seconds:
+                    self.ttft_misses.inc()
 
-    def _observe_finished(self, event: TokenEvent) -> None:
-        self.requests.labels(model=self.model_name, finished_reason=event.finish_reason).inc()
-        if event.cost is not None:
-            busy = event.cost.prefill_seconds + event.cost.decode_seconds
-            self.request_cost.observe(busy * self.meter.hardware_price_per_second)
-        times = event.times
-        if times is None:
+    # ---- loop thread ----------------------------------------------------------------------
+
+    def observe_delivered(self, tenant: str, num_tokens: int) -> None:
+        """Output tokens that went into a response (counted live, so rates follow traffic)."""
+        with self._lock:
+            self.generation_tokens.inc(num_tokens)
+            self.tenant_generation_tokens.labels(model=self.model_name, tenant=tenant).inc(
+                num_tokens
+            )
+
+    def observe_settlement(self, settlement: Settlement) -> None:
+        """One finished API request: its bill and its choices' outcomes, booked once."""
+        bill, m, tenant = settlement.bill, self.model_name, settlement.tenant
+        with self._lock:
+            self.prompt_tokens.inc(bill.prompt_tokens)
+            self.cached_prompt_tokens.inc(bill.cached_tokens)
+            self.undelivered_tokens.inc(bill.undelivered_tokens)
+            self.request_cost.observe(bill.cost_usd)
+            self.tenant_prompt_tokens.labels(model=m, tenant=tenant).inc(bill.prompt_tokens)
+            self.tenant_cached_tokens.labels(model=m, tenant=tenant).inc(bill.cached_tokens)
+            self.tenant_cost.labels(model=m, tenant=tenant).inc(bill.cost_usd)
+            self.tenant_revenue.labels(model=m, tenant=tenant).inc(bill.revenue_usd)
+            for reason, event in zip(
+                settlement.finish_reasons, settlement.final_events, strict=True
+            ):
+                self.requests.labels(model=m, finished_reason=reason).inc()
+                self.tenant_requests.labels(model=m, tenant=tenant, finished_reason=reason).inc()
+                self._observe_outcome(reason, event)
+
+    def _observe_outcome(self, reason: str, event: TokenEvent | None) -> None:
+        times = event.times if event is not None else None
+        if times is None:  # the engine never reported back: it failed the request
+            self.ttft_judged.inc()
+            self.ttft_misses.inc()
             return
         if times.finished is not None:
             self.e2e.observe(times.finished - times.arrival)
         if times.first_scheduled is not None:
             self.queue_time.observe(times.first_scheduled - times.arrival)
         if times.first_token is None:
+            waited = (times.finished or times.arrival) - times.arrival
+            if reason in FAILED_REASONS or waited > self.slo.slo_ttft_seconds:
+                self.ttft_judged.inc()
+                self.ttft_misses.inc()
             return
         ttft = times.first_token - times.arrival
-        self.ttft.observe(ttft)
-        if ttft > self.meter.slo_ttft_seconds:
-            self.ttft_misses.inc()
         tpot = _time_per_output_token(event)
         if tpot is not None:
             self.tpot.observe(tpot)
-        met_ttft = ttft <= self.meter.slo_ttft_seconds
-        met_tpot = tpot is None or tpot <= self.meter.slo_itl_seconds
-        if event.finish_reason in COMPLETED_REASONS and met_ttft and met_tpot:
+        met_ttft = ttft <= self.slo.slo_ttft_seconds
+        met_tpot = tpot is None or tpot <= self.slo.slo_itl_seconds
+        if reason in COMPLETED_REASONS and met_ttft and met_tpot:
             self.goodput.inc()
 
     def observe_rejection(self, reason: str) -> None:
@@ -332,33 +420,6 @@ class ServerMetrics:
         self.num_waiting.set(num_waiting)
         self.num_running.set(num_running)
         self.kv_cache_usage.set(kv_cache_usage)
-
-    # ---- outputs --------------------------------------------------------------------------
-
-    def usage_extension(self, event: TokenEvent) -> dict[str, float]:
-        """This request's meter readings for the OpenAI `usage` object (finishing event only).
-
-        Keys (docs/metrics.md): cost_usd, queue_seconds, time_to_first_token_seconds,
-        prefill_seconds, decode_seconds, flops. A timing the request never reached is left out.
-        """
-        fields: dict[str, float] = {}
-        if event.cost is not None:
-            cost = event.cost
-            busy = cost.prefill_seconds + cost.decode_seconds
-            fields["cost_usd"] = busy * self.meter.hardware_price_per_second
-            fields["prefill_seconds"] = cost.prefill_seconds
-            fields["decode_seconds"] = cost.decode_seconds
-            fields["flops"] = cost.prefill_flops + cost.decode_flops
-        times = event.times
-        if times is not None:
-            scheduled = (
-                times.first_scheduled if times.first_scheduled is not None else times.finished
-            )
-            if scheduled is not None:
-                fields["queue_seconds"] = scheduled - times.arrival
-            if times.first_token is not None:
-                fields["time_to_first_token_seconds"] = times.first_token - times.arrival
-        return fields
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type (text format 0.0.4, which every Prometheus
@@ -386,7 +447,7 @@ class _EnergyCollector:
     def collect(self) -> Any:
         available = GaugeMetricFamily(
             PREFIX + "energy_available",
-            "1 when an energy counter (RAPL or NVML) is readable, else 0.",
+            "1 when an energy counter (RAPL) is readable, else 0.",
             labels=("model", "source"),
         )
         available.add_metric((self._model_name, self._meter.source), float(self._meter.available))

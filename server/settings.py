@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from server.meter_config import MeterConfig
+from engine.meter.config import MeterConfig
+from server.tenants import TenantDirectory, check_header_name
 
 ENV_PREFIX = "METERSERVE_"
 
@@ -62,7 +63,8 @@ class Settings:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_keys: tuple[str, ...] = ()  # empty = no authentication
+    api_keys: tuple[str, ...] = ()  # the plain --api-key keys; all keys live in `tenants`
+    tenants: TenantDirectory = field(default_factory=TenantDirectory)  # no keys = no auth
     served_model_name: str | None = None  # None = the model's own name
     max_waiting_requests: int = 256  # engine requests accepted but without a first token yet
     max_queued_tokens: int = 262_144  # prompt tokens of those requests
@@ -73,6 +75,15 @@ class Settings:
     access_log: bool = False
     engine: EngineConfig = field(default_factory=EngineConfig)
     meter: MeterConfig = field(default_factory=MeterConfig)
+
+    def __post_init__(self) -> None:
+        # Auth reads `tenants` only: a Settings built by hand with api_keys but without them
+        # in `tenants` would silently serve unauthenticated, so refuse it.
+        if any(self.tenants.resolve(key) is None for key in self.api_keys):
+            raise SettingsError(
+                "Settings.api_keys holds keys that Settings.tenants does not: build tenants "
+                "with TenantDirectory.load(api_keys, ...)"
+            )
 
     @classmethod
     def from_args(cls, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
@@ -97,10 +108,12 @@ class Settings:
         _require(ns.max_queued_tokens >= 1, "--max-queued-tokens must be >= 1")
         _require(ns.drain_grace_period >= 0, "--drain-grace-period must be >= 0")
         _require(ns.max_request_body_bytes >= 1024, "--max-request-body-bytes must be >= 1024")
+        api_keys = tuple(key for key in ns.api_key or () if key)
         return cls(
             host=ns.host,
             port=ns.port,
-            api_keys=tuple(key for key in ns.api_key or () if key),
+            api_keys=api_keys,
+            tenants=_tenants(ns, api_keys),
             served_model_name=ns.served_model_name,
             max_waiting_requests=ns.max_waiting_requests,
             max_queued_tokens=ns.max_queued_tokens,
@@ -112,6 +125,26 @@ class Settings:
             engine=engine,
             meter=meter,
         )
+
+
+def _tenants(ns: argparse.Namespace, api_keys: tuple[str, ...]) -> TenantDirectory:
+    """The keys file is read here, once; its errors name the flag and the file."""
+    _require(ns.max_tenant_labels >= 1, "--max-tenant-labels must be >= 1")
+    header = ns.tenant_header or None
+    if header is not None:
+        try:
+            check_header_name(header)
+        except ValueError as exc:
+            raise SettingsError(f"--tenant-header: {exc}") from exc
+    try:
+        return TenantDirectory.load(
+            api_keys,
+            ns.api_keys_file or None,
+            tenant_header=header,
+            max_tenant_labels=ns.max_tenant_labels,
+        )
+    except ValueError as exc:
+        raise SettingsError(f"--api-keys-file: {exc}") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +169,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="require 'Authorization: Bearer KEY' (repeat for several keys; "
         "the environment variable takes a comma-separated list)",
+    )
+    p.add_argument(
+        "--api-keys-file",
+        default=None,
+        metavar="PATH",
+        help="YAML or JSON file of tenants, their keys and price plans (see server/tenants.py)",
+    )
+    p.add_argument(
+        "--tenant-header",
+        default=None,
+        metavar="NAME",
+        help="trust this header to name the tenant; only behind a gateway that sets it",
+    )
+    p.add_argument(
+        "--max-tenant-labels",
+        type=int,
+        default=100,
+        help="tenants (in file order) with their own metric label; the rest are 'other'",
     )
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--max-model-len", type=int, default=None)

@@ -36,6 +36,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         self.out_features, in_features = weight.shape
+        self.in_features = in_features
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.kernels = kernels
         self.weight = weight.contiguous() if kernels is not None else None
@@ -54,6 +55,18 @@ class PackedLinear(nn.Module):
         self.quantized = weight
         self.weight = None  # the bf16 row-major copy is no longer read
 
+    def bytes_read(self, num_rows: int) -> int:
+        """Bytes of weight (and bias) one forward over num_rows rows streams, as the path
+        forward() takes for that many rows reads them (the meter's bytes moved)."""
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        if self.kernels is not None and 0 < num_rows <= SMALL_BATCH_ROWS:
+            q = self.quantized
+            if q is None:
+                return _nbytes(self.weight) + bias
+            return _nbytes(q.codes) + _nbytes(q.scales) + _nbytes(q.mins) + bias
+        # The AMX tiles and oneDNN's blocked layout hold the same bf16 values, re-laid out.
+        return self.out_features * self.in_features * 2 + bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if self.kernels is not None and 0 < flat.shape[0] <= SMALL_BATCH_ROWS:
@@ -71,6 +84,10 @@ class PackedLinear(nn.Module):
         if q is None:
             return self.kernels.small_batch_linear(flat, self.weight, self.bias)
         return self.kernels.quantized_linear(flat, q.kind_id, q.codes, q.scales, q.mins)
+
+
+def _nbytes(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
 
 
 def _amx_fits(kernels, out_features: int, in_features: int) -> bool:

@@ -9,9 +9,10 @@ from fastapi import APIRouter, Request, Response
 from scheduler.output import TokenLogprobs
 from server.body import parse_request
 from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient, EngineRequestSpec
+from server.engine_client import EngineClient
 from server.errors import bad_request
 from server.generation import Generation
+from server.request_group import EngineRequestSpec
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -25,6 +26,7 @@ from server.protocol import (
     TopLogprob,
 )
 from server.routes.deps import (
+    billing_account,
     get_settings,
     new_id,
     ready_client,
@@ -81,7 +83,7 @@ async def create_chat_completion(request: Request) -> Response:
         )
         for j in range(body.n)
     ]
-    group = client.submit(specs)
+    group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, [prompt], body.n, stop)
     builder = _ChatBuilder(request_id, model, generation, token_texts(request), num_logprobs)
     return await respond(

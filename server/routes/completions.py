@@ -9,9 +9,10 @@ from fastapi import APIRouter, Request, Response
 from scheduler.output import TokenLogprobs
 from server.body import parse_request
 from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient, EngineRequestSpec
+from server.engine_client import EngineClient
 from server.errors import bad_request
 from server.generation import Generation
+from server.request_group import EngineRequestSpec
 from server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -19,6 +20,7 @@ from server.protocol import (
     CompletionResponse,
 )
 from server.routes.deps import (
+    billing_account,
     get_settings,
     new_id,
     ready_client,
@@ -73,8 +75,10 @@ async def create_completion(request: Request) -> Response:
                 vocab_size=client.vocab_size,
                 choice_index=j,
             )
-            specs.append(EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params))
-    group = client.submit(specs)
+            specs.append(
+                EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index)
+            )
+    group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, prompts, body.n, stop)
     echo_texts = (
         [_echo_text(body.prompt, prompts, i, client) for i in range(len(prompts))]

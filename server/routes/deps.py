@@ -12,10 +12,12 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient, RequestGroup
+from engine.meter.billing import Prices
+from server.engine_client import EngineClient
 from server.errors import OpenAIError
 from server.generation import ClientDisconnected, Generation, until_disconnected
 from server.protocol import dump
+from server.request_group import BillingAccount, RequestGroup
 from server.settings import Settings
 from server.streaming import SSEResponse
 
@@ -53,6 +55,22 @@ def served_model_names(request: Request) -> tuple[str, ...]:
     if client.model_name and client.model_name not in names:
         names.append(client.model_name)
     return tuple(names)
+
+
+def billing_account(request: Request) -> BillingAccount:
+    """Whom this request is billed to (auth resolved the tenant) and at which prices."""
+    client = get_client(request)
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is None:
+        return client.default_account()
+    label = get_settings(request).tenants.label(tenant.name)
+    if tenant.plan is None:
+        return client.default_account(label)
+    plan = tenant.plan
+    return BillingAccount(
+        label,
+        Prices(plan.price_per_million_input_tokens, plan.price_per_million_output_tokens),
+    )
 
 
 def new_id(prefix: str) -> str:

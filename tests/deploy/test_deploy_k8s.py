@@ -251,9 +251,9 @@ def test_model_pvc_overlay_mounts_the_claim_read_only() -> None:
 def test_real_exporter_serves_the_metrics_the_picker_and_autoscalers_read() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from engine.energy import EnergyMeter
+    from engine.meter.energy import EnergyMeter
     from engine.stats import KVCacheInfo
-    from server.meter_config import MeterConfig
+    from engine.meter.config import MeterConfig
     from server.metrics import ServerMetrics
 
     metrics = ServerMetrics(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig, Qwen3Config
 
-from engine.cost import ChunkWork, CostModel, ModelShape
+from engine.meter.cost_model import ChunkWork, CostModel, ModelShape, WeightBytes
 
 # 2 layers, hidden 8, 2 query heads and 1 KV head of dim 4, MLP 16, vocab 10, tied, 2 bytes.
 TINY = ModelShape(
@@ -59,13 +59,13 @@ def test_hand_computed_flops_and_bytes_of_a_mixed_step():
     assert cost.prefill_flops == 7840.0
     assert cost.decode_flops == 2912.0
 
-    # Weights: body (1272 - 80 embedding params) * 2 bytes + LM head (tied table) 80 * 2 = 2544,
-    # split 3:1 by tokens. KV per token: K+V * 2 layers * kv_dim 4 * 2 bytes = 32.
-    # Embedding row: 8 * 2 = 16 bytes per new token.
-    prefill_bytes = 2544 * 3 / 4 + 5 * 32 + 3 * 32 + 3 * 16  # 1908 + 160 + 96 + 48
-    decode_bytes = 2544 * 1 / 4 + 7 * 32 + 1 * 32 + 16  # 636 + 224 + 32 + 16
-    assert cost.chunk_bytes == [prefill_bytes, decode_bytes] == [2212.0, 908.0]
-    assert (cost.prefill_bytes, cost.decode_bytes) == (2212.0, 908.0)
+    # Weights: body (1272 - 80 embedding params) * 2 bytes = 2384, split 3:1 by tokens; LM head
+    # (tied table) 80 * 2 = 160, split evenly between the two sampling chunks.
+    # KV per token: K+V * 2 layers * kv_dim 4 * 2 bytes = 32. Embedding row: 8 * 2 = 16 bytes.
+    prefill_bytes = 2384 * 3 / 4 + 80 + 5 * 32 + 3 * 32 + 3 * 16  # 1788 + 80 + 160 + 96 + 48
+    decode_bytes = 2384 * 1 / 4 + 80 + 7 * 32 + 1 * 32 + 16  # 596 + 80 + 224 + 32 + 16
+    assert cost.chunk_bytes == [prefill_bytes, decode_bytes] == [2172.0, 948.0]
+    assert (cost.prefill_bytes, cost.decode_bytes) == (2172.0, 948.0)
 
 
 def test_a_chunk_that_does_not_sample_skips_the_lm_head_and_its_weights():
@@ -158,3 +158,33 @@ def test_small_model_needs_the_lm_head_term_that_the_rule_of_thumb_hides():
     body = shape.num_params - shape.embedding_params
     refined = 2 * body * (prompt + generated - 1) + 2 * shape.embedding_params * generated
     assert flops == pytest.approx(refined, rel=0.01)
+
+
+# A GGUF-like layout: small batches stream 4-bit blocks (a quarter of the bf16 bytes plus
+# scales), larger ones bf16 matrices; the LM head runs over the sampling rows only.
+GGUF_LIKE = WeightBytes(
+    body_small=700, body_large=2384, head_small=50, head_large=160, embedding_row=16,
+    small_batch_rows=4,
+)  # fmt: skip
+
+
+def test_decode_of_few_rows_counts_the_quantized_bytes_the_matvecs_read():
+    decodes = [ChunkWork(1, 10, samples=True, is_decode=True) for _ in range(2)]
+    cost = CostModel(TINY, GGUF_LIKE).step_cost(decodes)
+    # 2 rows <= 4: body 700 and head 50 split evenly; KV read 10 * 32, written 32; one row 16.
+    assert cost.chunk_bytes == [350 + 25 + 320 + 32 + 16] * 2
+
+
+def test_a_long_prefill_reads_bf16_body_but_its_single_sampling_row_reads_the_small_head():
+    prefill = ChunkWork(num_new_tokens=8, context_len=8, samples=True, is_decode=False)
+    cost = CostModel(TINY, GGUF_LIKE).step_cost([prefill])
+    # 8 rows > 4 for the body (2384 bf16), 1 sampling row <= 4 for the head (50).
+    assert cost.chunk_bytes == [2384 + 50 + 8 * 32 + 8 * 32 + 8 * 16]
+
+
+def test_weight_bytes_dense_is_every_weight_in_the_run_time_dtype():
+    dense = WeightBytes.dense(TINY)
+    assert (dense.body(1), dense.body(100), dense.head(1), dense.head(100)) == (
+        2384.0, 2384.0, 160.0, 160.0,
+    )  # fmt: skip
+    assert dense.head(0) == 0.0 and dense.embedding_row == 16.0

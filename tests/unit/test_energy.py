@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.energy import POWERCAP_ROOT, EnergyMeter, RaplZone, rapl_zones
+from engine.meter.energy import POWERCAP_ROOT, EnergyMeter, RaplZone, rapl_zones
 
 
 def _zone(

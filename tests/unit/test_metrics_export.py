@@ -13,11 +13,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.energy import EnergyMeter, rapl_zones
+from engine.meter.energy import EnergyMeter, rapl_zones
 from engine.stats import KVCacheInfo, StepStats
 from scheduler.output import TokenEvent
 from scheduler.request import RequestCost, RequestTimes
-from server.meter_config import MeterConfig
+from engine.meter.config import MeterConfig
 from server.metrics import ServerMetrics
 from server.routes.metrics import router
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.meter.config import MeterConfig
 from server.auth import key_matches
 from server.cli import main
-from server.meter_config import MeterConfig
 from server.settings import Settings, SettingsError, parse_bytes
+from server.tenants import PricePlan, Tenant, TenantDirectory
 
 
 def test_defaults():
@@ -106,3 +107,80 @@ def test_api_key_matching():
     assert not key_matches("", ("secret",))
     assert not key_matches("secret", ())
     assert key_matches("ключ", ("ключ",))
+
+
+# --- tenants: --api-keys-file, --tenant-header, --max-tenant-labels ---
+
+KEYS_FILE = """
+tenants:
+  acme:
+    keys: ["sk-acme"]
+    price_per_million_input_tokens: 0.2
+    price_per_million_output_tokens: 0.6
+  beta:
+    keys: ["sk-beta"]
+"""
+
+
+def test_tenant_defaults_and_plain_keys():
+    assert not Settings.from_args([], environ={}).tenants.requires_auth
+    settings = Settings.from_args(["--api-key", "a"], environ={})
+    tenants = settings.tenants
+    assert tenants.requires_auth and tenants.tenant_header is None
+    assert tenants.max_tenant_labels == 100 and tenants.tenant_names == ()
+    assert tenants.resolve("a") == Tenant("default", None)
+
+
+def test_tenant_flags(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_text(KEYS_FILE)
+    settings = Settings.from_args(
+        ["--api-key", "plain", "--api-keys-file", str(path), "--tenant-header", "X-Tenant",
+         "--max-tenant-labels", "1"],
+        environ={},
+    )  # fmt: skip
+    tenants = settings.tenants
+    assert settings.api_keys == ("plain",)
+    assert tenants.resolve("plain") == Tenant("default", None)
+    assert tenants.resolve("sk-acme") == Tenant("acme", PricePlan(0.2, 0.6))
+    assert tenants.tenant_header == "x-tenant" and tenants.max_tenant_labels == 1
+    assert (tenants.label("acme"), tenants.label("beta")) == ("acme", "other")
+
+
+def test_tenant_flags_from_the_environment(tmp_path):
+    path = tmp_path / "keys.json"
+    path.write_text('{"tenants": {"beta": {"keys": ["sk-beta"]}}}')
+    env = {
+        "METERSERVE_API_KEYS_FILE": str(path),
+        "METERSERVE_TENANT_HEADER": "x-org",
+        "METERSERVE_MAX_TENANT_LABELS": "5",
+    }
+    tenants = Settings.from_args([], environ=env).tenants
+    assert tenants.resolve("sk-beta") == Tenant("beta", None)
+    assert (tenants.tenant_header, tenants.max_tenant_labels) == ("x-org", 5)
+
+
+@pytest.mark.parametrize(
+    ("contents", "args", "message"),
+    [
+        ("tenants: {acme: {keys: ['']}}", [], "--api-keys-file: .*keys.yaml: tenant 'acme'"),
+        ("tenants: {beta: {keys: [sk-a]}}", ["--api-key", "sk-a"], "--api-keys-file: .*--api-key"),
+        (None, [], "--api-keys-file: .*keys.yaml: cannot read"),
+        (KEYS_FILE, ["--max-tenant-labels", "0"], "--max-tenant-labels must be >= 1"),
+        (KEYS_FILE, ["--tenant-header", "x tenant"], "--tenant-header: not an HTTP header name"),
+        (KEYS_FILE, ["--tenant-header", "Authorization"], "--tenant-header: .*Authorization"),
+    ],
+)
+def test_bad_tenant_flags(tmp_path, contents, args, message):
+    path = tmp_path / "keys.yaml"
+    if contents is not None:
+        path.write_text(contents)
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_args(["--api-keys-file", str(path), *args], environ={})
+
+
+def test_settings_built_by_hand_must_carry_their_keys_in_tenants():
+    with pytest.raises(SettingsError, match="tenants"):
+        Settings(api_keys=("k",))
+    tenants = TenantDirectory.load(("k",))
+    assert Settings(api_keys=("k",), tenants=tenants).tenants.requires_auth

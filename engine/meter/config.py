@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.meter.billing import Prices
+
 # AWS c7i.large on demand in us-east-1 (2 vCPU, 4 GiB): USD 0.08925 per hour, the price of a
 # replica like the 2-core machine this project is developed on. Set the replica's real price.
 DEFAULT_HARDWARE_PRICE_PER_HOUR = 0.08925
@@ -16,7 +18,7 @@ class MeterConfig:
 
     Prices are USD. Revenue prices are the list prices charged per 1M tokens (placeholders
     in the range hosted sub-1B models sell at). A peak left None is measured at start-up with
-    engine.peak.measure_peaks, and the exported metrics say "measured" instead of
+    engine.meter.peaks.measure_peaks, and the exported metrics say "measured" instead of
     "configured".
     """
 
@@ -52,3 +54,8 @@ class MeterConfig:
     @property
     def hardware_price_per_second(self) -> float:
         return self.hardware_price_per_hour / 3600.0
+
+    @property
+    def default_prices(self) -> Prices:
+        """The list prices of requests whose tenant has no price plan of its own."""
+        return Prices(self.price_per_million_input_tokens, self.price_per_million_output_tokens)

@@ -1,4 +1,4 @@
-"""EnergyMeter: joules consumed by this machine's CPU packages (RAPL) and GPUs (NVML).
+"""EnergyMeter: joules consumed by this machine's CPU packages (RAPL).
 
 Only real readings: a source that cannot be read is left out, and with none left the meter
 says `available = False` and reports no joules at all (never a made-up estimate).
@@ -9,8 +9,8 @@ top-level package zones are summed: their subzones (core, uncore, dram) are part
 and a "psys" zone covers the whole platform including the packages. The files are often
 readable by root only, in which case RAPL is unavailable.
 
-NVML: nvmlDeviceGetTotalEnergyConsumption (millijoules since the driver loaded, Volta and
-newer), used when pynvml is importable and reports at least one GPU.
+GPUs are not read: meterserve computes on the CPU only, so a GPU's energy is not the cost of
+its work (a present but unused CUDA device is logged at start-up by engine.meter.peaks).
 """
 
 from __future__ import annotations
@@ -55,22 +55,6 @@ class RaplZone:
         return self._total_uj / 1e6
 
 
-class NvmlDevice:
-    """One GPU's total-energy counter, relative to when it was opened."""
-
-    def __init__(self, pynvml: object, handle: object) -> None:
-        self.name = "nvml"
-        self._pynvml = pynvml
-        self._handle = handle
-        self._start_mj = self._read_mj()
-
-    def _read_mj(self) -> int:
-        return int(self._pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))  # type: ignore[attr-defined]
-
-    def read_joules(self) -> float:
-        return (self._read_mj() - self._start_mj) / 1e3
-
-
 def rapl_zones(root: Path = POWERCAP_ROOT) -> list[RaplZone]:
     """Readable top-level RAPL zones; the "package-*" ones when any is named so."""
     candidates = sorted(p for p in root.glob("intel-rapl:*") if _PACKAGE_ZONE.match(p.name))
@@ -93,21 +77,6 @@ def _zone_name(path: Path) -> str:
         return ""
 
 
-def nvml_devices() -> list[NvmlDevice]:
-    """Every GPU whose energy counter NVML can read; empty without pynvml or a GPU."""
-    try:
-        import pynvml  # type: ignore[import-not-found]  # optional (nvidia-ml-py), GPU machines
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        return [NvmlDevice(pynvml, handle) for handle in handles]
-    except pynvml.NVMLError:  # no driver, no GPU, or a GPU older than Volta
-        return []
-
-
 class EnergyMeter:
     """Sum of the machine's readable energy counters, in joules since the meter was made.
 
@@ -121,7 +90,7 @@ class EnergyMeter:
 
     @classmethod
     def detect(cls, powercap_root: Path = POWERCAP_ROOT) -> EnergyMeter:
-        return cls([*rapl_zones(powercap_root), *nvml_devices()])
+        return cls(list(rapl_zones(powercap_root)))
 
     @property
     def available(self) -> bool:
@@ -129,8 +98,8 @@ class EnergyMeter:
 
     @property
     def source(self) -> str:
-        """Which sources are summed: rapl, nvml, rapl+nvml, or none."""
-        names = sorted({source.name for source in self._sources}, reverse=True)
+        """Which sources are summed: rapl, or none."""
+        names = sorted({source.name for source in self._sources})
         return "+".join(names) or "none"
 
     def joules(self) -> float:

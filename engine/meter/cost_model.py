@@ -14,9 +14,11 @@ produces logits). A multiply-add counts as 2 FLOPs. Norms, rotary embeddings, so
 activations are elementwise and left out: they are < 1% of the matmuls for these models.
 
 Bytes moved per step: every weight matrix is read once per step however many tokens share
-it (that is what batching buys), plus each chunk's KV read over its context and KV written
-for its new tokens, plus one embedding row per new token. Activations are not counted: they
-stay in cache for the batch sizes served here.
+it (that is what batching buys), in the format the kernel that runs it reads (WeightBytes:
+a GGUF model's Q4_1/Q8_0 blocks for matvecs of a few rows, bf16 matrices for larger
+batches), plus each chunk's KV read over its context and KV written for its new tokens, plus
+one embedding row per new token. Activations are not counted: they stay in cache for the
+batch sizes served here.
 """
 
 from __future__ import annotations
@@ -100,6 +102,41 @@ class ModelShape:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightBytes:
+    """Bytes of weights one forward pass reads, by the kernel path its rows take.
+
+    A linear layer given at most `small_batch_rows` rows runs a matvec kernel that streams the
+    weight as stored for it (a GGUF model's 4/8-bit blocks, else bf16 rows); more rows run the
+    AMX / oneDNN matmul over bf16 (or float32) matrices. The body runs once per step over all
+    new tokens; the LM head runs over the sampling rows only. small_batch_rows = 0: no
+    small-batch path (plain torch), every pass reads the *_large bytes.
+    """
+
+    body_small: float  # every layer (linears, norms) but the embedding and LM head
+    body_large: float
+    head_small: float  # the LM head
+    head_large: float
+    embedding_row: float  # one row of the embedding table, gathered per new token
+    small_batch_rows: int = 0
+
+    def body(self, num_rows: int) -> float:
+        return self.body_small if 0 < num_rows <= self.small_batch_rows else self.body_large
+
+    def head(self, num_rows: int) -> float:
+        if num_rows == 0:
+            return 0.0
+        return self.head_small if num_rows <= self.small_batch_rows else self.head_large
+
+    @classmethod
+    def dense(cls, shape: ModelShape) -> WeightBytes:
+        """Every weight in the run-time dtype on every path (plain torch, or no runner)."""
+        body = float(shape.body_params * shape.dtype_bytes)
+        head = float(shape.embedding_params * shape.dtype_bytes)
+        row = float(shape.hidden_size * shape.dtype_bytes)
+        return cls(body, body, head, head, row)
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkWork:
     """One request's share of a step, as the cost model sees it.
 
@@ -135,8 +172,9 @@ class StepCost:
 class CostModel:
     """Turns a step's chunks into FLOPs and bytes moved for one model shape. Stateless."""
 
-    def __init__(self, shape: ModelShape) -> None:
+    def __init__(self, shape: ModelShape, weight_bytes: WeightBytes | None = None) -> None:
         self.shape = shape
+        self.weight_bytes = weight_bytes if weight_bytes is not None else WeightBytes.dense(shape)
         s = shape
         # FLOPs per new token of all layers, except attention over the context.
         self._dense_flops_per_token = (
@@ -146,9 +184,6 @@ class CostModel:
         # FLOPs per (token, attended position) pair: QK^T and the weighted sum of V.
         self._attention_flops_per_pair = 4 * s.num_layers * s.q_dim
         self._lm_head_flops = 2 * s.hidden_size * s.vocab_size
-        self._body_bytes = s.body_params * s.dtype_bytes
-        self._lm_head_bytes = s.embedding_params * s.dtype_bytes
-        self._embedding_row_bytes = s.hidden_size * s.dtype_bytes
 
     def chunk_flops(self, chunk: ChunkWork) -> float:
         n, ctx = chunk.num_new_tokens, chunk.context_len
@@ -161,21 +196,22 @@ class CostModel:
         return float(flops)
 
     def step_cost(self, chunks: list[ChunkWork]) -> StepCost:
-        """FLOPs and bytes of one step; weight bytes are split between chunks by token share."""
+        """FLOPs and bytes of one step. The body's weight bytes are split between chunks by
+        new-token share, the LM head's equally between the chunks that sample."""
         flops = [self.chunk_flops(chunk) for chunk in chunks]
         num_tokens = sum(chunk.num_new_tokens for chunk in chunks)
-        weight_bytes = self._body_bytes if chunks else 0
-        if any(chunk.samples for chunk in chunks):
-            weight_bytes += self._lm_head_bytes
+        num_sampling = sum(1 for chunk in chunks if chunk.samples)
+        weights = self.weight_bytes
+        body, head = weights.body(num_tokens), weights.head(num_sampling)
         kv_per_token = self.shape.kv_bytes_per_token
         num_bytes = []
         for chunk in chunks:
-            # The step reads the weights once whatever its size; each chunk carries a share in
-            # proportion to its new tokens, so a phase's bytes follow its token count.
-            share = weight_bytes * chunk.num_new_tokens / num_tokens if num_tokens else 0.0
+            share = body * chunk.num_new_tokens / num_tokens if num_tokens else 0.0
+            if chunk.samples:
+                share += head / num_sampling
             kv_read = chunk.context_len * kv_per_token
             kv_written = chunk.num_new_tokens * kv_per_token
-            embedding = chunk.num_new_tokens * self._embedding_row_bytes
+            embedding = chunk.num_new_tokens * weights.embedding_row
             num_bytes.append(float(share + kv_read + kv_written + embedding))
         return StepCost(
             prefill_flops=_total(f for f, c in zip(flops, chunks) if not c.is_decode),
