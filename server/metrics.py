@@ -16,7 +16,6 @@ Three feeds, each under one lock so a scrape is a consistent snapshot:
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
@@ -29,13 +28,14 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.meter.energy import EnergyMeter
 from engine.meter.meter import Meter
 from engine.stats import KVCacheInfo, StepStats
 from scheduler.output import TokenEvent
+from server.energy_collector import EnergyCollector
 from server.request_group import Settlement
+from server.tenant_metrics import TenantMetrics
 
 PREFIX = "meterserve_"
 PHASES = ("prefill", "decode")
@@ -93,12 +93,12 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self._energy = energy_meter if energy_meter is not None else EnergyMeter.detect()
         self._define_traffic()
-        self._define_tenants(tenants)
+        self.tenants = TenantMetrics(self.registry, model_name, tenants, FINISHED_REASONS)
         self._define_queue(kv_cache_info, max_num_seqs)
         self._define_latency()
         self._define_cost()
         self._set_constants(num_params)
-        self.registry.register(_EnergyCollector(self._energy, model_name))
+        self.registry.register(EnergyCollector(self._energy, model_name))
         ProcessCollector(registry=self.registry)
 
     # ---- definitions ----------------------------------------------------------------------
@@ -152,39 +152,6 @@ class ServerMetrics:
                 ("phase",),
             )
         )
-
-    def _define_tenants(self, tenants: tuple[str, ...]) -> None:
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return self._counter("tenant_" + name, doc, ("tenant", *labels))
-
-        self.tenant_prompt_tokens = counter("prompt_tokens", "Billed prompt tokens by tenant.")
-        self.tenant_cached_tokens = counter(
-            "cached_prompt_tokens", "Billed prompt tokens from the prefix cache, by tenant."
-        )
-        self.tenant_generation_tokens = counter(
-            "generation_tokens", "Delivered output tokens by tenant."
-        )
-        self.tenant_requests = counter(
-            "requests", "Finished engine requests by tenant and finish_reason.", ("finished_reason",)
-        )
-        self.tenant_cost = counter(
-            "cost_dollars", "Usage-basis hardware cost of the tenant's requests (USD)."
-        )
-        self.tenant_revenue = counter(
-            "revenue_dollars", "What the tenant's requests are charged at its prices (USD)."
-        )
-        m = self.model_name
-        for tenant in tenants:  # series exist from the start, so rate() sees the first request
-            for metric in (
-                self.tenant_prompt_tokens,
-                self.tenant_cached_tokens,
-                self.tenant_generation_tokens,
-                self.tenant_cost,
-                self.tenant_revenue,
-            ):
-                metric.labels(model=m, tenant=tenant)
-            for reason in FINISHED_REASONS:
-                self.tenant_requests.labels(model=m, tenant=tenant, finished_reason=reason)
 
     def _define_queue(self, kv: KVCacheInfo, max_num_seqs: int | None) -> None:
         m = self.model_name
@@ -253,9 +220,7 @@ class ServerMetrics:
 
     def _define_cost(self) -> None:
         self.busy_seconds = self._by_phase(
-            self._counter(
-                "busy_seconds", "Engine step time, split by roofline share.", ("phase",)
-            )
+            self._counter("busy_seconds", "Engine step time, split by roofline share.", ("phase",))
         )
         self.flops = self._by_phase(
             self._counter("flops", "Estimated floating-point operations.", ("phase",))
@@ -359,9 +324,7 @@ class ServerMetrics:
         """Output tokens that went into a response (counted live, so rates follow traffic)."""
         with self._lock:
             self.generation_tokens.inc(num_tokens)
-            self.tenant_generation_tokens.labels(model=self.model_name, tenant=tenant).inc(
-                num_tokens
-            )
+            self.tenants.observe_delivered(tenant, num_tokens)
 
     def observe_settlement(self, settlement: Settlement) -> None:
         """One finished API request: its bill and its choices' outcomes, booked once."""
@@ -371,22 +334,24 @@ class ServerMetrics:
             self.cached_prompt_tokens.inc(bill.cached_tokens)
             self.undelivered_tokens.inc(bill.undelivered_tokens)
             self.request_cost.observe(bill.cost_usd)
-            self.tenant_prompt_tokens.labels(model=m, tenant=tenant).inc(bill.prompt_tokens)
-            self.tenant_cached_tokens.labels(model=m, tenant=tenant).inc(bill.cached_tokens)
-            self.tenant_cost.labels(model=m, tenant=tenant).inc(bill.cost_usd)
-            self.tenant_revenue.labels(model=m, tenant=tenant).inc(bill.revenue_usd)
-            for reason, event in zip(
-                settlement.finish_reasons, settlement.final_events, strict=True
+            self.tenants.observe_settlement(tenant, bill, settlement.finish_reasons)
+            for reason, event, delivered in zip(
+                settlement.finish_reasons,
+                settlement.final_events,
+                settlement.delivered,
+                strict=True,
             ):
                 self.requests.labels(model=m, finished_reason=reason).inc()
-                self.tenant_requests.labels(model=m, tenant=tenant, finished_reason=reason).inc()
-                self._observe_outcome(reason, event)
+                self._observe_outcome(reason, event, delivered)
 
-    def _observe_outcome(self, reason: str, event: TokenEvent | None) -> None:
+    def _observe_outcome(self, reason: str, event: TokenEvent | None, delivered: int) -> None:
         times = event.times if event is not None else None
-        if times is None:  # the engine never reported back: it failed the request
-            self.ttft_judged.inc()
-            self.ttft_misses.inc()
+        if times is None:
+            # The engine never reported back: it failed the request. One that had produced a
+            # token was judged at that first token already.
+            if delivered == 0:
+                self.ttft_judged.inc()
+                self.ttft_misses.inc()
             return
         if times.finished is not None:
             self.e2e.observe(times.finished - times.arrival)
@@ -435,32 +400,3 @@ def _time_per_output_token(event: TokenEvent) -> float | None:
     if event.num_output_tokens < 2:
         return None
     return (times.last_token - times.first_token) / (event.num_output_tokens - 1)
-
-
-class _EnergyCollector:
-    """Reads the energy meter at scrape time; exports joules only when a source is readable."""
-
-    def __init__(self, meter: EnergyMeter, model_name: str) -> None:
-        self._meter = meter
-        self._model_name = model_name
-
-    def collect(self) -> Any:
-        available = GaugeMetricFamily(
-            PREFIX + "energy_available",
-            "1 when an energy counter (RAPL) is readable, else 0.",
-            labels=("model", "source"),
-        )
-        available.add_metric((self._model_name, self._meter.source), float(self._meter.available))
-        yield available
-        if not self._meter.available:
-            return
-        joules = self._meter.joules()
-        if not math.isfinite(joules):
-            return
-        total = CounterMetricFamily(
-            PREFIX + "energy_joules",
-            "Energy consumed by the machine's CPU packages and GPUs since start-up.",
-            labels=("model",),
-        )
-        total.add_metric((self._model_name,), joules)
-        yield total

@@ -42,8 +42,8 @@ class EngineRequestSpec:
 class BillingAccount:
     """Whom a group is billed to: a bounded tenant label and the prices that apply."""
 
-    tenant: str = "default"
-    prices: Prices = Prices(0.0, 0.0)
+    tenant: str
+    prices: Prices
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ class Settlement:
     bill: Bill
     finish_reasons: list[str]  # per choice, as the client got (or would have got) them
     final_events: list[TokenEvent | None]  # None where the engine never reported back
+    delivered: list[int]  # per choice, output tokens that went into the response
 
 
 class RequestGroup:
@@ -140,4 +141,5 @@ class RequestGroup:
             bill=self.bill(hardware_price_per_second),
             finish_reasons=self.client_finish_reasons(),
             final_events=list(self.final_events),
+            delivered=list(self.delivered),
         )

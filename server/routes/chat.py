@@ -12,7 +12,6 @@ from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import bad_request
 from server.generation import Generation
-from server.request_group import EngineRequestSpec
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -25,6 +24,7 @@ from server.protocol import (
     ChatTokenLogprob,
     TopLogprob,
 )
+from server.request_group import EngineRequestSpec
 from server.routes.deps import (
     billing_account,
     get_settings,

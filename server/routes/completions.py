@@ -12,13 +12,13 @@ from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import bad_request
 from server.generation import Generation
-from server.request_group import EngineRequestSpec
 from server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
 )
+from server.request_group import EngineRequestSpec
 from server.routes.deps import (
     billing_account,
     get_settings,
@@ -75,9 +75,7 @@ async def create_completion(request: Request) -> Response:
                 vocab_size=client.vocab_size,
                 choice_index=j,
             )
-            specs.append(
-                EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index)
-            )
+            specs.append(EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index))
     group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, prompts, body.n, stop)
     echo_texts = (

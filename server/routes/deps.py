@@ -11,8 +11,8 @@ from typing import Any, Protocol
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from server.detokenizer import TokenTexts
 from engine.meter.billing import Prices
+from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import OpenAIError
 from server.generation import ClientDisconnected, Generation, until_disconnected

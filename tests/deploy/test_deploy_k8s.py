@@ -251,17 +251,25 @@ def test_model_pvc_overlay_mounts_the_claim_read_only() -> None:
 def test_real_exporter_serves_the_metrics_the_picker_and_autoscalers_read() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from engine.meter.energy import EnergyMeter
-    from engine.stats import KVCacheInfo
     from engine.meter.config import MeterConfig
+    from engine.meter.cost_model import CostModel, ModelShape
+    from engine.meter.energy import EnergyMeter
+    from engine.meter.meter import Meter
+    from engine.meter.peaks import Peaks
+    from engine.stats import KVCacheInfo
     from server.metrics import ServerMetrics
 
+    shape = ModelShape(
+        num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
+        intermediate_size=1536, vocab_size=49152, num_params=135_000_000, dtype_bytes=2,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    meter = Meter(MeterConfig(), CostModel(shape), Peaks(1e12, 1e11, "configured", "configured"))
     metrics = ServerMetrics(
-        MeterConfig(peak_flops=1e12, peak_memory_bandwidth=1e11),
+        meter,
         "smollm2",
         KVCacheInfo(block_size=16, num_blocks=128, bytes_per_block=4096),
         num_params=135_000_000,
-        dtype_bytes=4,
         energy_meter=EnergyMeter.detect(Path("/nonexistent")),
     )
     metrics.set_queue_state(num_waiting=3, num_running=2, kv_cache_usage=0.25)
