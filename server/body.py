@@ -2,11 +2,16 @@
 
 Routes parse bodies here rather than through FastAPI's body parameters so each failure gets
 its own clear OpenAI error, and an oversized body is refused before it is read whole.
+JSON that Python's parser cannot take (nesting past MAX_DEPTH), the non-standard literals
+NaN / Infinity, and integers outside 64 bits are 400s here, before any field sees them: no
+field of the API needs them, and further in they would reach torch (a seed, a token id) and
+fail there.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TypeVar
 
 from fastapi import Request
@@ -15,6 +20,9 @@ from pydantic import BaseModel, ValidationError
 from server.errors import OpenAIError, bad_request, validation_error
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+MAX_DEPTH = 64  # nesting of objects and arrays; OpenAI requests need < 10
+INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1  # a seed may use the unsigned range
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -41,13 +49,77 @@ def parse_json(raw: bytes) -> object:
         ) from None
     if not text.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
+    _check_depth(text)
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise bad_request(
             f"request body is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})",
             code="invalid_json",
         ) from None
+    _check_integers(data, "")
+    return data
+
+
+def _check_depth(text: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH before parsing (the parser would recurse into it
+    and, past the interpreter's limit, raise RecursionError). Brackets inside strings are
+    skipped, escapes included."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise bad_request(
+                    f"request body nests objects/arrays deeper than {MAX_DEPTH} levels",
+                    code="invalid_json",
+                )
+        elif char in "]}":
+            depth -= 1
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise bad_request(
+            f"request body has the number {literal[:40]}, outside the range of a float",
+            code="invalid_json",
+        )
+    return value
+
+
+def _refuse_constant(name: str) -> float:
+    raise bad_request(
+        f"request body is not valid JSON: {name} is not a JSON number", code="invalid_json"
+    )
+
+
+def _check_integers(value: object, path: str) -> None:
+    """Every integer in the body fits 64 bits (iteratively bounded by MAX_DEPTH already)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= UINT64_MAX:
+            field = path.lstrip(".").split(".")[0].split("[")[0] or None
+            raise bad_request(
+                f"{path.lstrip('.') or 'value'}: integer {value} is outside the 64-bit range",
+                param=field,
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_integers(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_integers(item, f"{path}[{index}]")
 
 
 async def parse_request(request: Request, model: type[ModelT], max_bytes: int) -> ModelT:
@@ -58,9 +130,13 @@ async def parse_request(request: Request, model: type[ModelT], max_bytes: int) -
             code="invalid_json",
         )
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    check_fields = getattr(parsed, "check_fields", None)
+    if check_fields is not None:
+        check_fields()
+    return parsed
 
 
 def _too_large(max_bytes: int) -> OpenAIError:

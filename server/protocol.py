@@ -1,8 +1,11 @@
 """OpenAI request/response models (pydantic, the HTTP edge only).
 
-Requests are strict (a string where a number belongs is a 400, not coerced) and ignore unknown
-fields the way OpenAI's API does. Range checks live in one place, `SamplingParams`, except
-the few that only the HTTP layer knows (n, logprobs counts, prompt shape).
+Requests are strict (a string where a number belongs is a 400, not coerced). Every field
+OpenAI defines is honoured, refused with a 400 naming it, or accepted and ignored because it
+cannot change the output (server/openai_fields.py, docs/api.md); fields OpenAI does not
+define are ignored with a log warning, as vLLM does. Range checks live in one place,
+`SamplingParams`, except the few that only the HTTP layer knows (n, logprobs counts, prompt
+shape).
 """
 
 from __future__ import annotations
@@ -12,13 +15,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.openai_fields import (
+    CHAT_REFUSED,
+    COMPLETIONS_REFUSED,
+    MESSAGE_REFUSED,
+    check_extra_fields,
+)
+
 MAX_N = 16  # choices per request; each choice is one engine request
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # extra="allow": the fields we do not model are kept, so check_fields() can refuse the
+    # OpenAI ones we do not honour by name instead of dropping them.
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    def check_fields(self) -> None:
+        """400 for a refused OpenAI field; log the ones OpenAI does not define."""
+        check_extra_fields(self.model_extra, {}, type(self).__name__)
 
 
 class StreamOptions(_Request):
@@ -39,14 +55,13 @@ class SamplingFields(_Request):
     repetition_penalty: float | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None  # int64, as OpenAI
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -66,7 +81,9 @@ class CompletionRequest(SamplingFields):
     prompt: PromptInput
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    suffix: str | None = None
+
+    def check_fields(self) -> None:
+        check_extra_fields(self.model_extra, COMPLETIONS_REFUSED, "the request")
 
 
 class TextPart(_Request):
@@ -78,6 +95,9 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    def check_fields(self, index: int) -> None:
+        check_extra_fields(self.model_extra, MESSAGE_REFUSED, f"messages[{index}]", "messages")
 
     def text(self) -> str:
         if self.content is None:
@@ -93,6 +113,11 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
+
+    def check_fields(self) -> None:
+        check_extra_fields(self.model_extra, CHAT_REFUSED, "the request")
+        for index, message in enumerate(self.messages):
+            message.check_fields(index)
 
 
 class TokenizeRequest(_Request):

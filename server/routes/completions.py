@@ -53,8 +53,6 @@ async def create_completion(request: Request) -> Response:
     model = check_model(body.model, served_model_names(request))
     if body.echo and body.logprobs is not None:
         raise bad_request("echo together with logprobs is not supported", param="echo")
-    if body.suffix:
-        raise bad_request("suffix is not supported", param="suffix")
     stop = check_stop_strings(body.stop_strings)
     prompts = tokenize_prompts(body.prompt, client)
     request_id = new_id("cmpl")

@@ -107,6 +107,56 @@ BAD_CASES = [
         400,
         "messages",
     ),
+    (
+        "json-too-deep",
+        COMPLETIONS,
+        b'{"prompt": "x", "a": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+        None,
+        400,
+        None,
+    ),
+    ("json-nan-literal", COMPLETIONS, b'{"prompt": "x", "temperature": NaN}', None, 400, None),
+    ("json-infinity-literal", CHAT, b'{"messages": [], "top_p": -Infinity}', None, 400, None),
+    ("float-beyond-range", COMPLETIONS, b'{"prompt": "x", "temperature": 1e400}', None, 400, None),
+    ("seed-beyond-64-bits", COMPLETIONS, completion(seed=2**70), None, 400, "seed"),
+    ("seed-beyond-int64", CHAT, chat(seed=2**63), None, 400, "seed"),
+    ("token-id-beyond-64-bits", COMPLETIONS, completion(prompt=[1, 2**80]), None, 400, "prompt"),
+    ("max-tokens-beyond-64-bits", CHAT, chat(max_tokens=-(2**70)), None, 400, "max_tokens"),
+    (
+        "tools-refused",
+        CHAT,
+        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        None,
+        400,
+        "tools",
+    ),
+    (
+        "response-format-json-refused",
+        CHAT,
+        chat(response_format={"type": "json_object"}),
+        None,
+        400,
+        "response_format",
+    ),
+    (
+        "tool-call-history-refused",
+        CHAT,
+        chat(
+            messages=[
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function"}],
+                },
+            ]
+        ),
+        None,
+        400,
+        "messages",
+    ),
+    ("suffix-refused", COMPLETIONS, completion(suffix="!"), None, 400, "suffix"),
+    ("best-of-refused", COMPLETIONS, completion(best_of=3), None, 400, "best_of"),
     ("missing-auth", CHAT, chat(), NO_AUTH, 401, None),
     ("wrong-api-key", COMPLETIONS, completion(), {"Authorization": "Bearer nope"}, 401, None),
     ("oversized-body", COMPLETIONS, completion(prompt="x" * (5 * 2**20)), None, 413, None),
@@ -133,6 +183,14 @@ async def test_bad_request(http: httpx.AsyncClient, path, body, headers, status,
     assert isinstance(error["type"], str) and error["type"]
     if param is not None:
         assert error["param"] == param, error
+
+
+async def test_ignored_and_unknown_fields_are_accepted(http: httpx.AsyncClient):
+    fields = {"user": "u", "metadata": {"a": "b"}, "store": False, "service_tier": "auto",
+              "response_format": {"type": "text"}, "tool_choice": "none",
+              "not_an_openai_field": 1}  # fmt: skip
+    response = await http.post(CHAT, json=chat(**fields))
+    assert response.status_code == 200, response.text
 
 
 async def test_context_error_names_both_numbers(http: httpx.AsyncClient):

@@ -1,0 +1,96 @@
+"""Which OpenAI request fields meterserve honours, refuses, or accepts and ignores.
+
+Every field OpenAI defines for an endpoint is in exactly one of three sets (docs/api.md shows
+the table; tests/unit/test_openai_fields.py checks it against these sets and the models):
+
+- honoured: a field of our request model that changes what is computed;
+- refused: a field we cannot honour; sending it with a value other than its no-op default is
+  a 400 naming it (never silently dropped: a client relying on it must learn it is not done);
+- ignored: a field that cannot change the output (`user`, `metadata`, `store`, ...): accepted.
+
+A field OpenAI does not define (a client's or another server's extension) is accepted and
+ignored with a warning in the log, as vLLM's OpenAI server does, so clients written for other
+servers keep working; the warning names it so an operator can see what is being dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from server.errors import bad_request
+
+log = logging.getLogger(__name__)
+
+IGNORED = frozenset(
+    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+
+# Refused fields and the values that are no-ops (sending those is fine).
+_NOT_SET: tuple[Any, ...] = (None,)
+CHAT_REFUSED: Mapping[str, tuple[Any, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # without tools both mean: answer in text
+    "parallel_tool_calls": (None, True, False),  # meaningless without tools
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "audio": _NOT_SET,
+    "modalities": (None, ["text"]),
+    "prediction": _NOT_SET,
+    "web_search_options": _NOT_SET,
+    "reasoning_effort": _NOT_SET,
+    "verbosity": _NOT_SET,
+}
+COMPLETIONS_REFUSED: Mapping[str, tuple[Any, ...]] = {
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
+
+CHAT_HONOURED = frozenset(
+    {
+        "messages", "model", "frequency_penalty", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "n", "presence_penalty", "seed", "stop",
+        "stream", "stream_options", "temperature", "top_logprobs", "top_p",
+    }
+)  # fmt: skip
+COMPLETIONS_HONOURED = frozenset(
+    {
+        "model", "prompt", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens",
+        "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
+        "top_p",
+    }
+)  # fmt: skip
+
+# OpenAI's fields of one message in `messages`, beyond role/content/name.
+MESSAGE_REFUSED: Mapping[str, tuple[Any, ...]] = {
+    "tool_calls": (None, []),
+    "tool_call_id": _NOT_SET,
+    "function_call": _NOT_SET,
+    "audio": _NOT_SET,
+    "refusal": (None, ""),
+}
+
+
+def check_extra_fields(
+    extra: Mapping[str, Any] | None,
+    refused: Mapping[str, tuple[Any, ...]],
+    where: str,
+    param: str | None = None,
+) -> None:
+    """Refuse (400, naming it) a refused field given a value other than its no-op; log the
+    fields OpenAI does not define. `where` names the object in messages ("request",
+    "messages[2]"); `param` is the error's param (the field itself when None)."""
+    extra = extra or {}
+    for name, no_ops in refused.items():
+        if name in extra and not any(extra[name] == no_op for no_op in no_ops):
+            raise bad_request(
+                f"{name} (in {where}) is not supported by this server; meterserve refuses it "
+                "rather than ignoring it (docs/api.md lists every field)",
+                param=param or name,
+                code="unsupported_parameter",
+            )
+    unknown = sorted(set(extra) - IGNORED - set(refused))
+    if unknown:
+        log.warning("%s: ignoring fields OpenAI does not define: %s", where, ", ".join(unknown))

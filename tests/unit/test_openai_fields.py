@@ -1,0 +1,106 @@
+"""docs/api.md's field table is what the code does: every OpenAI field is honoured (a field of
+our request model), refused (server/openai_fields.py) or ignored, and in exactly one state."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from server.errors import OpenAIError
+from server.openai_fields import (
+    CHAT_HONOURED,
+    CHAT_REFUSED,
+    COMPLETIONS_HONOURED,
+    COMPLETIONS_REFUSED,
+    IGNORED,
+)
+from server.protocol import ChatCompletionRequest, CompletionRequest
+
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+
+
+def _table(heading: str) -> dict[str, str]:
+    """field -> state from the markdown table under `heading`."""
+    text = API_DOC.read_text()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| (honoured|refused|ignored) \|", section, re.MULTILINE)
+    return dict(rows)
+
+
+@pytest.mark.parametrize(
+    ("heading", "model", "honoured", "refused"),
+    [
+        ("## `POST /v1/chat/completions`", ChatCompletionRequest, CHAT_HONOURED, CHAT_REFUSED),
+        ("## `POST /v1/completions`", CompletionRequest, COMPLETIONS_HONOURED, COMPLETIONS_REFUSED),
+    ],
+)
+def test_the_documented_table_is_the_code(heading, model, honoured, refused):
+    table = _table(heading)
+    assert {f for f, state in table.items() if state == "honoured"} == honoured
+    assert {f for f, state in table.items() if state == "refused"} == set(refused)
+    documented_ignored = {f for f, state in table.items() if state == "ignored"}
+    assert documented_ignored <= IGNORED
+    # Honoured fields are fields of the request model; refused and ignored ones are not.
+    assert honoured <= set(model.model_fields)
+    assert not (set(refused) | IGNORED) & set(model.model_fields)
+
+
+def _chat(**fields) -> ChatCompletionRequest:
+    body = {"messages": [{"role": "user", "content": "hi"}]} | fields
+    return ChatCompletionRequest.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("response_format", {"type": "json_object"}),
+        ("tool_choice", "required"),
+        ("reasoning_effort", "low"),
+        ("modalities", ["text", "audio"]),
+    ],
+)
+def test_a_refused_field_with_a_real_value_is_a_400_naming_it(field, value):
+    with pytest.raises(OpenAIError) as raised:
+        _chat(**{field: value}).check_fields()
+    assert raised.value.status == 400 and raised.value.param == field
+    assert raised.value.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": []},
+        {"tool_choice": "none"},
+        {"response_format": {"type": "text"}},
+        {"modalities": ["text"]},
+        {"user": "u1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto"},
+        {"some_other_servers_extension": 3},
+    ],
+)
+def test_no_op_values_ignored_fields_and_unknown_fields_are_accepted(fields):
+    _chat(**fields).check_fields()
+
+
+def test_a_tool_call_history_is_refused_not_dropped():
+    body = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        ]
+    }
+    with pytest.raises(OpenAIError) as raised:
+        ChatCompletionRequest.model_validate(body).check_fields()
+    assert raised.value.param == "messages" and "messages[1]" in raised.value.message
+
+
+def test_completions_refuse_best_of_and_suffix():
+    for field, value in (("best_of", 3), ("suffix", "!")):
+        request = CompletionRequest.model_validate({"prompt": "x", field: value})
+        with pytest.raises(OpenAIError) as raised:
+            request.check_fields()
+        assert raised.value.param == field
+    CompletionRequest.model_validate({"prompt": "x", "best_of": 1, "suffix": ""}).check_fields()
