@@ -1,12 +1,19 @@
 """Incremental detokenization: token ids in, UTF-8-safe text pieces out, stop strings cut.
 
 Two guarantees, kept by `IncrementalDetokenizer`:
-- A piece never ends inside a multi-byte character. Text is decoded over a small sliding
-  window (prefix_offset .. end); while the window's text ends in U+FFFD the tokens so far
-  only hold part of a character, so nothing is released until the next token completes it.
+- A piece never ends inside a multi-byte character. A text source releases a token's text only
+  once it ends in a complete character: while the decoded text ends in U+FFFD the tokens so far
+  hold part of a character, so nothing is released until a later token completes it.
 - A stop string is never emitted, even when it spans several tokens. The last
   (longest stop - 1) characters are held back until more text shows they cannot start a
-  stop string; on a match the text is cut where the stop string begins.
+  stop string; on a match the text is cut where the stop string begins, and the token whose
+  text completed the match is the last one consumed.
+
+The text source is tokenizers' `DecodeStream` (one call into Rust per token) for a fast
+tokenizer, and a sliding window decoded twice per token through `tokenizer.decode` for a slow
+one (or one that cleans up spaces, which only `tokenizer.decode` does). Both are seeded with the
+end of the prompt, so the first output token decodes in context: a SentencePiece decoder drops
+the leading space of a lone first token.
 
 The concatenation of everything `add()` and `finish()` return equals `text`, so a stream
 and a non-streamed response built from the same tokens are identical.
@@ -14,16 +21,34 @@ and a non-streamed response built from the same tokens are identical.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-# How many prompt tokens seed the window, so the first output token decodes with the
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from server.token_texts import TokenTexts, rust_tokenizer
+
+__all__ = ["IncrementalDetokenizer", "TokenTexts"]
+
+# How many prompt tokens seed a text source, so the first output token decodes with the
 # leading space a SentencePiece tokenizer would otherwise drop.
 _PROMPT_CONTEXT_TOKENS = 5
+# UTF-8 holds a character in at most 4 bytes, so a prompt ends in at most 3 tokens of a
+# character it does not finish.
+_MAX_PARTIAL_TOKENS = 3
 _REPLACEMENT = "\ufffd"
+_INVALID_PREFIX = "Invalid prefix"  # DecodeStream's error when decoded text is not monotonic
+
+Decode = Callable[[list[int]], str]
 
 
 class IncrementalDetokenizer:
-    """One request's output text: released text, held-back text, and the stop-string check."""
+    """One request's output text: released text, held-back text, and the stop-string check.
+
+    `num_tokens` counts the output tokens consumed: every token given to `add()` up to and
+    including the one whose text completed a stop string; after a stop, none.
+    """
 
     def __init__(
         self,
@@ -32,14 +57,9 @@ class IncrementalDetokenizer:
         stop: list[str] | None = None,
         skip_special_tokens: bool = True,
     ) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
+        self._source = _text_source(tokenizer, prompt_token_ids, skip_special_tokens)
         self._stop = [s for s in (stop or []) if s]
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
-        context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
-        self._ids = context  # window tokens: prompt context, then every output token
-        self._prefix_offset = 0  # ids[prefix_offset:read_offset] decode to already-read text
-        self._read_offset = len(context)
         self._text = ""  # decoded output text (complete characters only), cut at a stop
         self._released = 0  # len of _text handed out so far
         self.num_tokens = 0  # output tokens consumed
@@ -56,34 +76,31 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: list[int]) -> str:
         """Consume new output tokens; return the text that may be shown now."""
-        if self.stopped or not token_ids:
+        if self.stopped:
             return ""
-        self.num_tokens += len(token_ids)
-        self._ids.extend(token_ids)
-        self._decode_window(final=False)
+        for token_id in token_ids:
+            self.num_tokens += 1
+            self._append(self._source.step(token_id))
+            if self.stopped:
+                break
         return self._release(final=False)
 
     def finish(self) -> str:
         """The request ended: release held-back text, incomplete characters included."""
         if self.stopped:
             return ""
-        self._decode_window(final=True)
+        self._append(self._source.flush())
         return self._release(final=True)
 
-    def _decode_window(self, final: bool) -> None:
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self._ids[self._prefix_offset :])
-        if len(new_text) <= len(prefix_text) and not final:
+    def _append(self, piece: str) -> None:
+        if not piece:
             return
-        if new_text.endswith(_REPLACEMENT) and not final:
-            return  # the last tokens hold part of a character; wait for the rest
-        self._text += new_text[len(prefix_text) :]
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
+        searched = len(self._text)  # _text[:searched] holds no stop string
+        self._text += piece
+        if self._stop:
+            self._cut_at_stop(max(0, searched - self._holdback))
 
     def _release(self, final: bool) -> str:
-        if self._stop:
-            self._cut_at_stop()
         end = len(self._text)
         if not final and not self.stopped:
             end = max(self._released, end - self._holdback)
@@ -91,9 +108,8 @@ class IncrementalDetokenizer:
         self._released = end
         return piece
 
-    def _cut_at_stop(self) -> None:
-        # Only an occurrence overlapping unreleased text can be new (older ones were cut).
-        start = max(0, self._released - self._holdback)
+    def _cut_at_stop(self, start: int) -> None:
+        # A new match ends past the searched text, so it starts at or after `start`.
         best: tuple[int, str] | None = None
         for stop in self._stop:
             index = self._text.find(stop, start)
@@ -103,61 +119,120 @@ class IncrementalDetokenizer:
             self._text = self._text[: best[0]]
             self.stop_matched = best[1]
 
-    def _decode(self, token_ids: list[int]) -> str:
-        if not token_ids:
+
+class _StreamSource:
+    """Text from tokenizers' `DecodeStream`: the stream keeps its own window in Rust.
+
+    `_context` is the ids of the last piece the stream released (or the prompt seed) and
+    `_pending` the ids stepped since, whose text is not complete yet; `flush()` decodes the
+    pending ids in that context, and a stream whose state broke restarts from them.
+    """
+
+    def __init__(self, backend: Tokenizer, context: list[int], skip_special_tokens: bool) -> None:
+        self._backend = backend
+        self._skip_special = skip_special_tokens
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+        self._context = context
+        self._pending: list[int] = []
+
+    def step(self, token_id: int) -> str:
+        self._pending.append(token_id)
+        try:
+            piece = self._stream.step(self._backend, token_id)
+        except Exception as exc:
+            if not str(exc).startswith(_INVALID_PREFIX):
+                raise
+            # A later token changed text already released (byte-fallback tokens that form
+            # no valid UTF-8 decode to U+FFFD together): the stream cannot go on from its
+            # prefix. Restart it on the pending tokens alone (vLLM restarts on the current
+            # one only): an empty stream has no prefix to contradict.
+            self._stream = DecodeStream(skip_special_tokens=self._skip_special)
+            piece = self._stream.step(self._backend, self._pending)
+        if piece is None:
             return ""
-        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special)
+        self._context, self._pending = self._pending, []
+        return piece
+
+    def flush(self) -> str:
+        if not self._pending:
+            return ""
+        prefix = self._decode(self._context)
+        return self._decode(self._context + self._pending)[len(prefix) :]
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._backend.decode(token_ids, skip_special_tokens=self._skip_special)
 
 
-class TokenTexts:
-    """Per-token display strings and raw bytes for logprobs, memoized per token id."""
+class _WindowSource:
+    """Text from `tokenizer.decode` over a sliding window: ids[prefix_offset:read_offset]
+    decode to text already released; ids[read_offset:] are the tokens not yet released."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._byte_decoder = _byte_level_decoder(tokenizer)
-        self._cache: dict[int, tuple[str, list[int]]] = {}
+    def __init__(self, decode: Decode, context: list[int]) -> None:
+        self._decode = decode
+        self._ids = list(context)  # window tokens: prompt context, then every output token
+        self._prefix_offset = 0
+        self._read_offset = len(context)
 
-    def text(self, token_id: int) -> str:
-        return self._lookup(token_id)[0]
+    def step(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        return self._decode_window(final=False)
 
-    def bytes(self, token_id: int) -> list[int]:
-        return self._lookup(token_id)[1]
+    def flush(self) -> str:
+        return self._decode_window(final=True)
 
-    def _lookup(self, token_id: int) -> tuple[str, list[int]]:
-        cached = self._cache.get(token_id)
-        if cached is None:
-            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            cached = (text, self._raw_bytes(token_id, text))
-            self._cache[token_id] = cached
-        return cached
-
-    def _raw_bytes(self, token_id: int, text: str) -> list[int]:
-        piece = self._tokenizer.convert_ids_to_tokens(token_id)
-        if isinstance(piece, str):
-            if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
-                return [int(piece[3:5], 16)]  # SentencePiece byte-fallback token
-            if self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
-                return [self._byte_decoder[c] for c in piece]
-        return list(text.encode("utf-8"))
+    def _decode_window(self, final: bool) -> str:
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        if not final and (len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT)):
+            return ""  # no new text, or the last tokens hold part of a character
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]
 
 
-def _byte_level_decoder(tokenizer: Any) -> dict[str, int] | None:
-    """GPT-2 style byte-to-unicode table inverted, when the tokenizer is byte-level BPE."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = getattr(backend, "decoder", None)
-    if decoder is None or "ByteLevel" not in type(decoder).__name__ + repr(decoder):
-        return None
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    byte_values = printable[:]
-    code_points = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            byte_values.append(b)
-            code_points.append(256 + extra)
-            extra += 1
-    return {chr(cp): b for b, cp in zip(byte_values, code_points, strict=True)}
+def _text_source(
+    tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool
+) -> _StreamSource | _WindowSource:
+    backend = rust_tokenizer(tokenizer)
+    source: _StreamSource | _WindowSource
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+
+        def decode(token_ids: list[int]) -> str:
+            if not token_ids:
+                return ""
+            return tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+        end = _seed_end(decode, prompt_token_ids)
+        source = _WindowSource(decode, _seed(prompt_token_ids, end))
+    else:
+
+        def backend_decode(token_ids: list[int]) -> str:
+            return backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+        end = _seed_end(backend_decode, prompt_token_ids)
+        source = _StreamSource(backend, _seed(prompt_token_ids, end), skip_special_tokens)
+    for token_id in prompt_token_ids[end:]:
+        source.step(token_id)  # the start of a character the output finishes; not output
+    return source
+
+
+def _seed_end(decode: Decode, prompt_token_ids: list[int]) -> int:
+    """Where the prompt's last complete character ends.
+
+    prompt[end:] (at most 3 tokens) hold the start of a character the prompt does not finish.
+    A seed ending inside a character would make the stream release the seed's own text, so
+    those tokens are stepped after the seed instead, and the output token that completes the
+    character releases it whole.
+    """
+    end = len(prompt_token_ids)
+    while (
+        end > 0
+        and len(prompt_token_ids) - end < _MAX_PARTIAL_TOKENS
+        and decode(_seed(prompt_token_ids, end)).endswith(_REPLACEMENT)
+    ):
+        end -= 1
+    return end
+
+
+def _seed(prompt_token_ids: list[int], end: int) -> list[int]:
+    return list(prompt_token_ids[max(0, end - _PROMPT_CONTEXT_TOKENS) : end])

@@ -25,6 +25,7 @@ from server.protocol import (
     TopLogprob,
 )
 from server.request_group import EngineRequestSpec
+from server.routes.completions import off_loop
 from server.routes.deps import (
     billing_account,
     get_settings,
@@ -60,7 +61,7 @@ async def create_chat_completion(request: Request) -> Response:
         raise bad_request(
             "give max_completion_tokens or max_tokens, not both", param="max_completion_tokens"
         )
-    prompt = apply_chat_template(client, body.messages, body.add_generation_prompt)
+    prompt = await apply_chat_template(client, body.messages, body.add_generation_prompt)
     requested = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -91,10 +92,11 @@ async def create_chat_completion(request: Request) -> Response:
     )
 
 
-def apply_chat_template(
+async def apply_chat_template(
     client: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool = True
 ) -> list[int]:
-    """Render messages with the tokenizer's chat template, then tokenize the text as is."""
+    """Render messages with the tokenizer's chat template, then tokenize the text as is; both
+    off the event loop when the messages are long."""
     conversation = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         for m in messages
@@ -102,14 +104,18 @@ def apply_chat_template(
     tokenizer = client.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
-    try:
-        text = tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-    except Exception as exc:  # noqa: BLE001 - template errors (e.g. role order) are the user's
-        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
-    # The template already holds the special tokens (BOS, role markers): add none.
-    return tokenizer.encode(text, add_special_tokens=False)
+
+    def render() -> list[int]:
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # noqa: BLE001 - template errors (e.g. role order) are the user's
+            raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
+        # The template already holds the special tokens (BOS, role markers): add none.
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    return await off_loop(render, sum(len(turn["content"]) for turn in conversation))
 
 
 class _ChatBuilder:

@@ -1,20 +1,95 @@
-"""IncrementalDetokenizer with the real SmolLM2 tokenizer (byte-level BPE): UTF-8 safety,
-stop strings across token boundaries, special tokens, and per-token logprob strings."""
+"""IncrementalDetokenizer with the real SmolLM2 tokenizer (byte-level BPE) and a SentencePiece
+tokenizer built here: UTF-8 safety, stop strings across token boundaries, special tokens, the
+first token's leading space, and exact token counts. Every test that takes `tokenizer` runs on
+both text sources: tokenizers' DecodeStream (fast tokenizer) and the decode window (slow)."""
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from engine.loader import load_checkpoint
-from server.detokenizer import IncrementalDetokenizer, TokenTexts
+from server.detokenizer import IncrementalDetokenizer, _StreamSource, _WindowSource
 
 TEXT = "Hello 世界 🎉 naïve café, the END is near. Ünïcødé → ✓ done"
 PROMPT = [1, 4093, 198]  # <|im_start|>user\n
+SPECIAL_IDS = [0, 1, 2]  # <|endoftext|>, <|im_start|>, <|im_end|>
+WORDS = ["the", "fox", "世界", "🎉", "naïve", "café", "→", "✓", "END", "👩‍👩‍👧", "Ünïcødé", "x"]
+
+SENTENCEPIECE_CORPUS = [
+    "Hello world, hello there! The quick brown fox jumps over the lazy dog.",
+    "We reached the end of the road and kept going far away.",
+]
+
+
+def sentencepiece_tokenizer(decoder: str = "llama") -> PreTrainedTokenizerFast:
+    """A tiny SentencePiece-style BPE: "▁" marks a space, characters outside the corpus fall
+    back to <0xNN> byte tokens. decoder "llama" is Llama 2's (Replace ▁, ByteFallback, Fuse,
+    Strip one leading space); "metaspace" is the Metaspace decoder. Both drop the leading
+    space of a lone first token."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    tok.train_from_iterator(SENTENCEPIECE_CORPUS * 10, trainer)
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    tok = Tokenizer.from_str(json.dumps(data))
+    if decoder == "llama":
+        tok.decoder = decoders.Sequence(
+            [
+                decoders.Replace("▁", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        )
+    else:
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+class WithoutBackend:
+    """A tokenizer with its Rust backend hidden, as a slow (Python) tokenizer has none."""
+
+    def __init__(self, tokenizer) -> None:
+        self._inner = tokenizer
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str):
+        if name in ("backend_tokenizer", "_tokenizer"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def real_tokenizer():
     return load_checkpoint("default").tokenizer
+
+
+@pytest.fixture(params=["stream", "window"])
+def tokenizer(request, real_tokenizer):
+    return real_tokenizer if request.param == "stream" else WithoutBackend(real_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def sp_tokenizer():
+    return sentencepiece_tokenizer()
+
+
+def with_backend(tokenizer, use_backend: bool):
+    return tokenizer if use_backend else WithoutBackend(tokenizer)
 
 
 def feed(detok: IncrementalDetokenizer, token_ids: list[int]) -> list[str]:
@@ -113,9 +188,138 @@ def test_finish_mid_character_emits_replacement(tokenizer):
     assert (streamed + detok.finish()).endswith("\ufffd")
 
 
-def test_token_texts_and_raw_bytes(tokenizer):
-    texts = TokenTexts(tokenizer)
-    ids = tokenizer.encode("Hello 🎉", add_special_tokens=False)
-    assert b"".join(bytes(texts.bytes(i)) for i in ids) == "Hello 🎉".encode()
-    assert texts.text(ids[0]) == "Hello"
-    assert texts.text(2) == "<|im_end|>"
+def test_fast_tokenizer_uses_decode_stream(real_tokenizer):
+    # The window is the fallback only: a fast tokenizer must not silently take the slow path.
+    assert isinstance(IncrementalDetokenizer(real_tokenizer, PROMPT)._source, _StreamSource)
+    slow = IncrementalDetokenizer(WithoutBackend(real_tokenizer), PROMPT)
+    assert isinstance(slow._source, _WindowSource)
+
+
+def chunked(token_ids: list[int], rng: random.Random) -> list[list[int]]:
+    """token_ids cut into consecutive chunks of 1-4 tokens (one engine event each)."""
+    chunks, i = [], 0
+    while i < len(token_ids):
+        size = rng.randint(1, 4)
+        chunks.append(token_ids[i : i + size])
+        i += size
+    return chunks
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_random_vocabulary_ids_equal_decode_of_all_ids(tokenizer, skip_special_tokens):
+    # Arbitrary ids: byte tokens that split characters or form no valid UTF-8, special tokens.
+    rng = random.Random(0)
+    vocab_size = len(tokenizer)
+    for _ in range(150):
+        ids = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 30))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(SPECIAL_IDS))
+        detok = IncrementalDetokenizer(tokenizer, PROMPT, skip_special_tokens=skip_special_tokens)
+        pieces = [detok.add(chunk) for chunk in chunked(ids, rng)]
+        # A released piece never ends inside a character.
+        assert not any(piece.endswith("\ufffd") for piece in pieces)
+        pieces.append(detok.finish())
+        expected = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        assert "".join(pieces) == detok.text == expected
+        assert detok.num_tokens == len(ids)
+
+
+def test_random_text_with_emoji_and_special_tokens_equals_decode(tokenizer):
+    rng = random.Random(1)
+    for _ in range(100):
+        ids: list[int] = []
+        for _ in range(rng.randint(1, 12)):
+            word = rng.choice(WORDS)
+            ids += tokenizer.encode(rng.choice(["", " "]) + word, add_special_tokens=False)
+            if rng.random() < 0.2:
+                ids.append(rng.choice(SPECIAL_IDS))
+        detok = IncrementalDetokenizer(tokenizer, PROMPT)
+        pieces = [detok.add([token_id]) for token_id in ids]
+        assert all("\ufffd" not in piece for piece in pieces)
+        pieces.append(detok.finish())
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_num_tokens_stops_at_the_token_that_completes_the_stop_string(tokenizer):
+    text = "alpha beta 世界 gamma delta epsilon"
+    stop = "界 ga"  # ends inside " gamma", starts inside the 3-token character 界
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    # The index of the first token whose text completes the stop string.
+    completes = next(k for k in range(len(ids)) if stop in tokenizer.decode(ids[: k + 1]))
+    assert completes < len(ids) - 1
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=[stop])
+    released = detok.add(ids)  # every token in one event: the count is still exact
+    assert detok.stopped and detok.num_tokens == completes + 1
+    assert released == text[: text.index(stop)] == detok.text
+    assert detok.add(ids[:2]) == "" and detok.finish() == ""
+    assert detok.num_tokens == completes + 1
+
+
+def test_held_back_text_is_released_when_it_cannot_start_a_stop(tokenizer):
+    text = "one EN two END three"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=["END!"])
+    streamed = []
+    for token_id in ids:
+        streamed.append(detok.add([token_id]))
+        shown = "".join(streamed)
+        # Only the last len("END!") - 1 characters of the text so far are held back.
+        assert text.startswith(shown)
+        assert len(tokenizer.decode(ids[: len(streamed)])) - len(shown) <= 3
+    assert "".join(streamed) + detok.finish() == text
+    assert not detok.stopped and detok.num_tokens == len(ids)
+
+
+def test_first_output_token_keeps_its_leading_space(sp_tokenizer, real_tokenizer):
+    for base in (sp_tokenizer, real_tokenizer):
+        prompt = base.encode("Hello", add_special_tokens=False)
+        output = base.encode("Hello the fox", add_special_tokens=False)[len(prompt) :]
+        for use_backend in (True, False):
+            detok = IncrementalDetokenizer(with_backend(base, use_backend), prompt)
+            first = detok.add(output[:1])
+            assert first == " the"
+            assert first + detok.add(output[1:]) + detok.finish() == " the fox"
+    # The SentencePiece decoder really drops it for a lone first token.
+    lone = sp_tokenizer.encode("Hello the fox", add_special_tokens=False)[1:]
+    assert sp_tokenizer.decode(lone) == "the fox"
+
+
+def test_sentencepiece_byte_fallback_round_trip(sp_tokenizer):
+    prompt = sp_tokenizer.encode("Hello", add_special_tokens=False)
+    text = " the fox 世界 🎉 far"
+    ids = sp_tokenizer.encode("Hello" + text, add_special_tokens=False)[len(prompt) :]
+    assert any(p.startswith("<0x") for p in sp_tokenizer.convert_ids_to_tokens(ids))
+    for use_backend in (True, False):
+        detok = IncrementalDetokenizer(with_backend(sp_tokenizer, use_backend), prompt)
+        pieces = [detok.add([token_id]) for token_id in ids] + [detok.finish()]
+        assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+
+
+def test_prompt_ending_inside_a_character(tokenizer):
+    ids = tokenizer.encode("ok 世界 done", add_special_tokens=False)
+    starts = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    cut = starts[0]  # the prompt holds the first byte-token of 世 only
+    detok = IncrementalDetokenizer(tokenizer, ids[:cut])
+    pieces = [detok.add([token_id]) for token_id in ids[cut:]] + [detok.finish()]
+    # The output token that completes the character releases it whole; no prompt text leaks.
+    assert "".join(pieces) == "世界 done"
+
+
+def test_stream_recovers_when_later_bytes_change_released_text(sp_tokenizer):
+    # "h" and "+" decode alone, then 0xC2 0xD1 (no valid UTF-8) turn all four byte tokens into
+    # U+FFFD: DecodeStream raises "Invalid prefix"; the detokenizer restarts its stream.
+    pieces_in = ["<0x68>", "<0x2B>", "<0xC2>", "<0xD1>", "▁hello"]
+    ids = sp_tokenizer.convert_tokens_to_ids(pieces_in)
+    detok = IncrementalDetokenizer(
+        sp_tokenizer, sp_tokenizer.encode("Hi", add_special_tokens=False)
+    )
+    pieces = [detok.add([token_id]) for token_id in ids] + [detok.finish()]
+    assert "".join(pieces) == detok.text
+    assert pieces[:2] == ["h", "+"] and detok.text.endswith(" hello")
+    assert detok.num_tokens == len(ids)
+
+
+def test_empty_prompt_and_empty_add(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, [])
+    assert detok.add([]) == "" and detok.num_tokens == 0
+    ids = tokenizer.encode("Hi 🎉", add_special_tokens=False)
+    assert "".join(feed(detok, ids)) == "Hi 🎉"
