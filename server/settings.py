@@ -50,6 +50,8 @@ _ENGINE_FIELDS = (
     "gguf_matvec",
     "num_threads",
     "debug_fault_token_id",
+    "debug_hang_token_id",
+    "debug_crash_token_id",
 )
 
 
@@ -70,6 +72,9 @@ class Settings:
     max_queued_tokens: int = 262_144  # prompt tokens of those requests
     request_timeout: float | None = 600.0  # seconds from arrival to the last token; None = none
     drain_grace_period: float = 30.0  # seconds in-flight requests get after SIGTERM
+    # /health turns 503 when requests are pending and the engine thread has not finished a
+    # step for this many seconds (a wedged native call, a deadlock); None = never.
+    engine_stall_timeout: float | None = 60.0
     max_request_body_bytes: int = 4 * 2**20
     log_level: str = "info"
     access_log: bool = False
@@ -107,6 +112,7 @@ class Settings:
         _require(ns.max_waiting_requests >= 1, "--max-waiting-requests must be >= 1")
         _require(ns.max_queued_tokens >= 1, "--max-queued-tokens must be >= 1")
         _require(ns.drain_grace_period >= 0, "--drain-grace-period must be >= 0")
+        _require(ns.engine_stall_timeout >= 0, "--engine-stall-timeout must be >= 0")
         _require(ns.max_request_body_bytes >= 1024, "--max-request-body-bytes must be >= 1024")
         api_keys = tuple(key for key in ns.api_key or () if key)
         return cls(
@@ -119,6 +125,7 @@ class Settings:
             max_queued_tokens=ns.max_queued_tokens,
             request_timeout=ns.request_timeout if ns.request_timeout else None,
             drain_grace_period=ns.drain_grace_period,
+            engine_stall_timeout=ns.engine_stall_timeout if ns.engine_stall_timeout else None,
             max_request_body_bytes=ns.max_request_body_bytes,
             log_level=ns.log_level,
             access_log=ns.access_log,
@@ -249,14 +256,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds in-flight requests get to finish after SIGTERM",
     )
+    p.add_argument(
+        "--engine-stall-timeout",
+        type=float,
+        default=60.0,
+        help="/health answers 503 (liveness) when requests are pending and the engine has not "
+        "finished a step for this many seconds; 0 disables",
+    )
     p.add_argument("--max-request-body-bytes", type=parse_bytes, default=4 * 2**20)
     p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
     _add_meter_flags(p)
-    # Testing aid: a step containing this token id fails inside the model runner.
+    # Testing aids: a step containing this token id fails / hangs (30 s) / kills the engine
+    # thread, inside the model runner.
     p.add_argument("--debug-fault-token-id", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--debug-hang-token-id", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--debug-crash-token-id", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 

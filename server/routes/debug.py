@@ -1,4 +1,9 @@
-"""GET /debug/engine: engine facts for tests and operators (blocks, batch sizes, invariants)."""
+"""GET /debug/engine: engine facts for tests and operators (blocks, batch sizes, invariants).
+
+The engine thread answers between steps; when it does not answer within
+ENGINE_ANSWER_TIMEOUT_S (a very long step, or a wedged one) the route answers 503 instead of
+hanging with it. The router sits behind the API key (server/app.py).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from server.routes.deps import get_client
 
 router = APIRouter()
 
+ENGINE_ANSWER_TIMEOUT_S = 5.0
+
 
 @router.get("/debug/engine")
 async def engine_info(request: Request) -> dict:
-    return await get_client(request).debug_info()
+    return await get_client(request).debug_info(timeout=ENGINE_ANSWER_TIMEOUT_S)

@@ -1,5 +1,6 @@
 """What route handlers take from app.state (settings, the engine client, served model names),
-and how a generation becomes the HTTP response."""
+how a generation becomes the HTTP response, and the middleware that makes sure every request
+group a route submitted is released when its HTTP exchange ends."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Protocol
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.meter.billing import Prices
 from server.detokenizer import TokenTexts
@@ -122,3 +124,24 @@ async def respond(
     finally:
         client.release(group)
     return JSONResponse(dump(builder.response()))
+
+
+class GroupReleaseMiddleware:
+    """ASGI middleware: each HTTP exchange runs inside `EngineClient.exchange()`, so a group
+    that a route submitted is released when the exchange ends, however it ends.
+
+    respond() releases its group first, as soon as the response is over; this catches a route
+    that raises between submit() and respond(), whose group would otherwise stay registered
+    (its engine requests running, and every later drain waiting out the grace period).
+    """
+
+    def __init__(self, app: ASGIApp, client: EngineClient) -> None:
+        self.app = app
+        self.client = client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with self.client.exchange():
+            await self.app(scope, receive, send)

@@ -184,3 +184,32 @@ def test_settings_built_by_hand_must_carry_their_keys_in_tenants():
         Settings(api_keys=("k",))
     tenants = TenantDirectory.load(("k",))
     assert Settings(api_keys=("k",), tenants=tenants).tenants.requires_auth
+
+
+# --- liveness: --engine-stall-timeout; the hidden fault-injection flags ---
+
+
+def test_engine_stall_timeout():
+    assert Settings.from_args([], environ={}).engine_stall_timeout == 60.0
+    assert Settings().engine_stall_timeout == 60.0
+    flag = Settings.from_args(["--engine-stall-timeout", "2.5"], environ={})
+    assert flag.engine_stall_timeout == 2.5
+    env = {"METERSERVE_ENGINE_STALL_TIMEOUT": "7"}
+    assert Settings.from_args([], environ=env).engine_stall_timeout == 7.0
+    disabled = Settings.from_args(["--engine-stall-timeout", "0"], environ={})
+    assert disabled.engine_stall_timeout is None
+    with pytest.raises(SettingsError, match="--engine-stall-timeout must be >= 0"):
+        Settings.from_args(["--engine-stall-timeout", "-1"], environ={})
+
+
+def test_debug_hang_and_crash_flags_are_hidden_engine_fields(capsys):
+    engine = Settings.from_args(
+        ["--debug-hang-token-id", "14", "--debug-crash-token-id", "15"], environ={}
+    ).engine
+    assert (engine.debug_hang_token_id, engine.debug_crash_token_id) == (14, 15)
+    defaults = Settings.from_args([], environ={}).engine
+    assert (defaults.debug_hang_token_id, defaults.debug_crash_token_id) == (None, None)
+    with pytest.raises(SystemExit):
+        Settings.from_args(["--help"], environ={})
+    help_text = capsys.readouterr().out
+    assert "--engine-stall-timeout" in help_text and "--debug-hang" not in help_text
