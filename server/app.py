@@ -17,8 +17,16 @@ from fastapi import Depends, FastAPI
 from server.auth import require_api_key
 from server.engine_client import EngineClient
 from server.errors import OpenAIError, install_error_handlers
+from server.openapi import document_request_bodies
+from server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from server.routes import chat, completions, debug, health, models, tokenize, version
 from server.routes import metrics as metrics_routes
+from server.routes.deps import GroupReleaseMiddleware
 from server.routes.version import package_version
 from server.settings import Settings
 
@@ -40,6 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
         max_waiting_requests=settings.max_waiting_requests,
         max_queued_tokens=settings.max_queued_tokens,
         request_timeout=settings.request_timeout,
+        stall_timeout=settings.engine_stall_timeout,
         metrics_factory=lambda core: build_metrics(settings, core),
     )
     app.state.settings = settings
@@ -58,12 +67,22 @@ def create_app(settings: Settings) -> FastAPI:
     client.on_ready = on_ready
     app.state.observe_error = observe_error
     install_error_handlers(app)
+    app.add_middleware(GroupReleaseMiddleware, client=client)
     # Probes and Prometheus reach these without a key.
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
     protected = [Depends(require_api_key)]
     for module in (completions, chat, models, tokenize, version, debug):
         app.include_router(module.router, dependencies=protected)
+    document_request_bodies(
+        app,
+        {
+            "/v1/completions": CompletionRequest,
+            "/v1/chat/completions": ChatCompletionRequest,
+            "/tokenize": TokenizeRequest,
+            "/detokenize": DetokenizeRequest,
+        },
+    )
     return app
 
 

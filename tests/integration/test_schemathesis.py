@@ -1,0 +1,104 @@
+"""Schema-driven fuzzing of the real server: no input gets a 5xx or a dropped connection.
+
+schemathesis reads the server's own /openapi.json (request bodies from the same pydantic
+models the routes validate with, server/openapi.py) and sends valid and invalid requests to
+every operation. The only check is the one the API promises: every answer is a response with
+a status below 500. Bounded: a fixed number of examples per operation, generation capped at
+a few tokens per request so valid requests stay short, and a time limit on the whole run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from server_process import ServerProcess
+from serverproc import API_KEY
+
+pytestmark = pytest.mark.timeout(300)
+
+EXAMPLES_PER_OPERATION = 25
+MAX_GENERATED_TOKENS = 4  # a valid request may ask for thousands; the fuzzer needs none
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(server_logs: Path) -> Iterator[ServerProcess]:
+    """A server of its own: no fault injection armed (an injected fault is a 500 by design)."""
+    server = ServerProcess("fuzz", ["--api-key", API_KEY, "--max-num-seqs", "8"], server_logs)
+    with server.running():
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_server: ServerProcess):
+    return schemathesis.openapi.from_url(fuzz_server.base_url + "/openapi.json")
+
+
+def _bounded(body: object) -> object:
+    """Keep valid generation requests short: cap what they may generate, never what they send."""
+    if not isinstance(body, dict):
+        return body
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_GENERATED_TOKENS:
+            body[field] = MAX_GENERATED_TOKENS
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = MAX_GENERATED_TOKENS
+    if isinstance(body.get("n"), int) and not isinstance(body.get("n"), bool) and body["n"] > 2:
+        body["n"] = 2
+    return body
+
+
+def _operations(api_schema) -> list:
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    assert len(operations) >= 8, [op.label for op in operations]
+    return operations
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_input_gets_a_server_error(api_schema, fuzz_server: ServerProcess, mode):
+    """Every operation, valid then invalid inputs. (schemathesis' own pytest plugin does not
+    load under pytest 9, so hypothesis drives its strategies directly.)"""
+    for operation in _operations(api_schema):
+
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,  # the same examples every run: a failure reproduces
+            database=None,
+        )
+        def run(case):
+            _call(case, fuzz_server)
+
+        try:
+            run()
+        except Unsatisfiable:
+            # An operation without parameters or body has no invalid input to make.
+            assert mode == GenerationMode.NEGATIVE, operation.label
+            assert not operation.body and not list(operation.iter_parameters()), operation.label
+
+
+def _call(case, server: ServerProcess) -> None:
+    if case.body is not None and not isinstance(case.body, (bytes, str)):
+        case.body = _bounded(case.body)
+    try:
+        response = case.call(
+            base_url=server.base_url,
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=60,
+        )
+    except (httpx.HTTPError, OSError, requests.RequestException) as exc:  # dropped connection
+        pytest.fail(f"{case.method} {case.path}: no response ({exc!r}) for {case.body!r}")
+    assert response.status_code < 500, (
+        f"{case.method} {case.path} -> {response.status_code}: {response.text[:500]}\n"
+        f"body: {case.body!r}"
+    )
