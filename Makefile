@@ -9,7 +9,7 @@ PORT ?= 8000
 # wheel index (PyPI's Linux torch wheel is the much larger GPU build, which meterserve never uses).
 TORCH_INDEX_URL ?=
 
-.PHONY: serve test install install-test prometheus bench lint clean
+.PHONY: serve test install install-test prometheus chromium bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +36,18 @@ prometheus:
 	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq prometheus >/dev/null; }
 
+# The console's browser tests drive Debian's chromium through Playwright (never its own browser
+# download). Where it cannot be installed the make goes on and those tests skip, saying why.
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium could not be installed: the console's browser tests will skip"
+
 serve: install
 	$(BIN)/meterserve serve --host $(HOST) --port $(PORT)
 
-test: install-test prometheus
+test: install-test prometheus chromium
 	$(BIN)/python -m pytest -q tests
 
 bench: install

@@ -58,6 +58,9 @@ class SchedulerOutput:
     num_preemptions: int = 0  # preemptions made while building this output
     prefix_cache_queried_tokens: int = 0  # prompt tokens looked up at admission this step
     prefix_cache_hit_tokens: int = 0  # of which were found cached
+    # The engine step this output is (1, 2, ... counting steps that compute something); None
+    # for an output that schedules nothing. One step is one forward pass over every chunk.
+    step_index: int | None = None
 
     @property
     def num_batched_tokens(self) -> int:
@@ -94,11 +97,38 @@ class RunnerOutput:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkProgress:
+    """What one step computed for a request that asked for progress
+    (SamplingParams.report_progress): which step, which positions, and the request's
+    attributed cost so far, this step included (a copy: it crosses to the server's thread).
+
+    Positions start_position .. start_position + num_new_tokens - 1 were computed; prompt
+    positions below the first chunk's start_position were prefix-cache hits.
+    """
+
+    step_index: int
+    is_decode: bool
+    start_position: int
+    num_new_tokens: int
+    num_prompt_tokens: int
+    num_scheduled_requests: int  # chunks in the step's forward pass, this one included
+    computed_at: float  # time.monotonic() when update() applied the step
+    cost: RequestCost
+
+    @property
+    def num_prompt_tokens_computed(self) -> int:
+        """Prompt tokens whose K/V are in the cache once this chunk is written."""
+        return min(self.start_position + self.num_new_tokens, self.num_prompt_tokens)
+
+
 @dataclass(slots=True)
 class TokenEvent:
     """What a request's consumer receives after a step: new tokens, and the end when finished.
 
-    new_token_ids is empty for a request that ended without a token (abort, error).
+    new_token_ids is empty for a request that ended without a token (abort, error), and for a
+    progress event: a prefill chunk that sampled nothing, reported only to a request that
+    asked for progress (then `progress` is set and the event is not final).
     finish_reason is one of FINISH_REASONS' values, or None while running.
     """
 
@@ -118,6 +148,8 @@ class TokenEvent:
     # Set on the finishing event only: the request's timestamps and attributed cost.
     times: RequestTimes | None = None
     cost: RequestCost | None = None
+    # Set on every event of a step for a request that asked for progress; None otherwise.
+    progress: ChunkProgress | None = None
 
     @property
     def finished(self) -> bool:

@@ -34,6 +34,10 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None  # None = no logprobs; k = chosen token plus top-k alternatives
     logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token_id, bias) pairs
+    # Not sampling: ask update() for a ChunkProgress on every step of this request, and for a
+    # progress event on prefill chunks that sample nothing (the streaming API's
+    # stream_options.include_progress). Off, a request costs the scheduler nothing extra.
+    report_progress: bool = False
 
     def __post_init__(self) -> None:
         _check(

@@ -31,12 +31,19 @@ inside schedule() deliver their final event through it.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
 from collections.abc import Callable
 
 from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
 from scheduler.config import SchedulerConfig
-from scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput, TokenEvent
+from scheduler.output import (
+    ChunkProgress,
+    RunnerOutput,
+    ScheduledChunk,
+    SchedulerOutput,
+    TokenEvent,
+)
 from scheduler.request import Request, RequestStatus
 from scheduler.stop import check_stop
 from scheduler.waiting_queue import WaitingQueue
@@ -64,6 +71,7 @@ class Scheduler:
         self._finished_ids: list[str] = []  # since the last schedule()
         self._pending_events: list[TokenEvent] = []  # failures found in schedule()
         self._num_preemptions_total = 0
+        self._num_steps = 0  # outputs that computed something: SchedulerOutput.step_index
         self._queried_seen = kv_cache.prefix_cache_queried_tokens
         self._hit_seen = kv_cache.prefix_cache_hit_tokens
 
@@ -139,6 +147,8 @@ class Scheduler:
         if not preempted:
             self._schedule_waiting(budget, chunks)
         kv = self.kv_cache
+        if chunks:
+            self._num_steps += 1
         output = SchedulerOutput(
             chunks=[c for c in chunks if c.is_decode] + [c for c in chunks if not c.is_decode],
             preempted_request_ids=preempted,
@@ -148,6 +158,7 @@ class Scheduler:
             num_preemptions=len(preempted),
             prefix_cache_queried_tokens=kv.prefix_cache_queried_tokens - self._queried_seen,
             prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens - self._hit_seen,
+            step_index=self._num_steps if chunks else None,
         )
         self._finished_ids = []
         self._queried_seen = kv.prefix_cache_queried_tokens
@@ -268,7 +279,9 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, runner_output: RunnerOutput) -> list[TokenEvent]:
         """Advance every scheduled request by its chunk, append sampled tokens, finish those
-        that stop. Chunks of requests aborted since schedule() are skipped."""
+        that stop. Chunks of requests aborted since schedule() are skipped. A request with
+        `report_progress` gets a ChunkProgress on each of its events, and a token-less
+        progress event for each chunk that samples nothing (others get neither)."""
         events, self._pending_events = self._pending_events, []
         now = self._clock()
         num_finished = 0
@@ -284,9 +297,17 @@ class Scheduler:
             self.kv_cache.cache_full_blocks(
                 request.request_id, request.token_ids, request.num_computed_tokens
             )
+            progress = chunk.sampling_params.report_progress and output.step_index is not None
             if chunk.samples:
-                events.append(self._append_token(request, runner_output, now))
+                event = self._append_token(request, runner_output, now)
                 num_finished += request.is_finished
+            elif progress:
+                event = self._event(request, None, None)  # a prefill chunk: progress only
+            else:
+                continue
+            if progress:
+                event.progress = self._progress(output, chunk, request, now)
+            events.append(event)
         if num_finished:
             self._running = [request for request in self._running if not request.is_finished]
         return events
@@ -313,6 +334,21 @@ class Scheduler:
         if logprobs is not None:
             event.logprobs.append(logprobs)
         return event
+
+    def _progress(
+        self, output: SchedulerOutput, chunk: ScheduledChunk, request: Request, now: float
+    ) -> ChunkProgress:
+        assert output.step_index is not None
+        return ChunkProgress(
+            step_index=output.step_index,
+            is_decode=chunk.is_decode,
+            start_position=chunk.start_position,
+            num_new_tokens=len(chunk.token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_scheduled_requests=len(output.chunks),
+            computed_at=now,
+            cost=dataclasses.replace(request.cost),
+        )
 
     # ------------------------------------------------------------------------------- finish
 

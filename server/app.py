@@ -24,7 +24,7 @@ from server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.routes import chat, completions, debug, health, models, tokenize, version
+from server.routes import chat, completions, console, debug, health, live, models, tokenize, version
 from server.routes import metrics as metrics_routes
 from server.routes.deps import GroupReleaseMiddleware
 from server.routes.version import package_version
@@ -71,8 +71,9 @@ def create_app(settings: Settings) -> FastAPI:
     # Probes and Prometheus reach these without a key.
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
+    app.include_router(console.router)  # the page is public; its API calls send the key
     protected = [Depends(require_api_key)]
-    for module in (completions, chat, models, tokenize, version, debug):
+    for module in (completions, chat, models, tokenize, version, debug, live):
         app.include_router(module.router, dependencies=protected)
     document_request_bodies(
         app,

@@ -165,6 +165,7 @@ class EngineLoop:
                     spec.request_id,
                     spec.prompt_token_ids,
                     spec.params,
+                    priority=spec.priority,
                     arrival_time=command.arrival_time,
                 )
             except Exception as exc:  # noqa: BLE001 - the route pre-checks; this is a backstop

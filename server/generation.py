@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from scheduler.output import TokenEvent, TokenLogprobs
+from scheduler.output import ChunkProgress, TokenEvent, TokenLogprobs
 from server.detokenizer import IncrementalDetokenizer
 from server.engine_client import EngineClient
 from server.errors import OpenAIError
-from server.protocol import PromptTokensDetails, Usage
+from server.protocol import PromptTokensDetails, StreamProgress, Usage
 from server.request_group import FAILED, RequestGroup
 
 T = TypeVar("T")
@@ -32,7 +32,9 @@ T = TypeVar("T")
 @dataclass(slots=True)
 class ChoiceUpdate:
     """What one event changed in one choice. `text_offsets[i]` is where token i's text
-    starts in the choice's text (approximate when several tokens arrive in one event)."""
+    starts in the choice's text (approximate when several tokens arrive in one event).
+    `progress` is set for a request that asked for it (stream_options.include_progress); an
+    update with progress and nothing else is a prefill chunk that produced no token."""
 
     index: int
     text: str
@@ -40,6 +42,12 @@ class ChoiceUpdate:
     logprobs: list[TokenLogprobs]
     text_offsets: list[int]
     finish_reason: str | None
+    progress: ChunkProgress | None = None
+    arrival_time: float | None = None  # the choice's arrival (monotonic), for elapsed times
+
+    @property
+    def progress_only(self) -> bool:
+        return not (self.text or self.token_ids or self.finish_reason)
 
 
 @dataclass(slots=True)
@@ -118,7 +126,7 @@ class Generation:
         elif event.finished:
             text += choice.detokenizer.finish()
             self._finish(choice, event.finish_reason)
-        if not (text or n_new or choice.finish_reason):
+        if not (text or n_new or choice.finish_reason or event.progress):
             return None
         return ChoiceUpdate(
             choice.index,
@@ -127,6 +135,8 @@ class Generation:
             list(event.logprobs),
             offsets,
             choice.finish_reason,
+            event.progress,
+            event.arrival_time,
         )
 
     def _finish(self, choice: ChoiceState, reason: str | None) -> None:
@@ -142,6 +152,31 @@ class Generation:
         reason = event.error or "aborted by the engine"
         raise OpenAIError(500, f"request ended early: {reason}", code="request_aborted")
 
+    def progress(self, update: ChoiceUpdate) -> StreamProgress | None:
+        """The chunk's `meterserve` object (None unless the request asked for progress)."""
+        progress = update.progress
+        if progress is None:
+            return None
+        price = self.client.meter_config.hardware_price_per_second
+        cost = progress.cost
+        arrival = update.arrival_time if update.arrival_time is not None else progress.computed_at
+        return StreamProgress(
+            index=update.index,
+            forward_pass=progress.step_index,
+            phase="decode" if progress.is_decode else "prefill",
+            batch_size=progress.num_scheduled_requests,
+            start_position=progress.start_position,
+            num_tokens=progress.num_new_tokens,
+            prompt_tokens=progress.num_prompt_tokens,
+            prompt_tokens_computed=progress.num_prompt_tokens_computed,
+            token_ids=update.token_ids,
+            elapsed_seconds=progress.computed_at - arrival,
+            prefill_flops=cost.prefill_flops,
+            decode_flops=cost.decode_flops,
+            prefill_cost_usd=cost.prefill_seconds * price,
+            decode_cost_usd=cost.decode_seconds * price,
+        )
+
     def usage(self) -> Usage:
         """OpenAI's token counts and the meter's extension, from the request's bill (the same
         bill the counters book when the request is settled)."""
@@ -156,6 +191,10 @@ class Generation:
             prefill_seconds=bill.prefill_seconds,
             decode_seconds=bill.decode_seconds,
             flops=bill.flops,
+            prefill_flops=bill.prefill_flops,
+            decode_flops=bill.decode_flops,
+            prefill_cost_usd=bill.prefill_cost_usd,
+            decode_cost_usd=bill.decode_cost_usd,
             **_latencies(self.group.final_events),
         )
 

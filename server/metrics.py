@@ -34,6 +34,7 @@ from engine.meter.meter import Meter
 from engine.stats import KVCacheInfo, StepStats
 from scheduler.output import TokenEvent
 from server.energy_collector import EnergyCollector
+from server.live_window import LiveFacts, LiveWindow
 from server.request_group import Settlement
 from server.tenant_metrics import TenantMetrics
 
@@ -98,6 +99,9 @@ class ServerMetrics:
         self._define_latency()
         self._define_cost()
         self._set_constants(num_params)
+        self.live = LiveWindow(
+            _live_facts(meter, model_name, num_params, max_num_seqs, kv_cache_info)
+        )
         self.registry.register(EnergyCollector(self._energy, model_name))
         ProcessCollector(registry=self.registry)
 
@@ -295,6 +299,7 @@ class ServerMetrics:
                 if num_tokens:
                     self.forward_passes[phase].inc(stats.num_forward_passes)
             self.step_duration.observe(stats.duration_s)
+            self.live.observe_step(stats)
             batch = stats.num_prefill_chunks + stats.num_decode_requests
             if batch:
                 self.batch_size.observe(batch)
@@ -325,6 +330,7 @@ class ServerMetrics:
         with self._lock:
             self.generation_tokens.inc(num_tokens)
             self.tenants.observe_delivered(tenant, num_tokens)
+            self.live.observe_delivered(num_tokens)
 
     def observe_settlement(self, settlement: Settlement) -> None:
         """One finished API request: its bill and its choices' outcomes, booked once."""
@@ -334,6 +340,7 @@ class ServerMetrics:
             self.cached_prompt_tokens.inc(bill.cached_tokens)
             self.undelivered_tokens.inc(bill.undelivered_tokens)
             self.request_cost.observe(bill.cost_usd)
+            self.live.observe_settlement(bill)
             self.tenants.observe_settlement(tenant, bill, settlement.finish_reasons)
             for reason, event, delivered in zip(
                 settlement.finish_reasons,
@@ -385,12 +392,27 @@ class ServerMetrics:
         self.num_waiting.set(num_waiting)
         self.num_running.set(num_running)
         self.kv_cache_usage.set(kv_cache_usage)
+        self.live.observe_queue(num_waiting, num_running, kv_cache_usage)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type (text format 0.0.4, which every Prometheus
         since 2.0 parses), for GET /metrics."""
         with self._lock:
             return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+
+
+def _live_facts(
+    meter: Meter, model: str, num_params: int, max_num_seqs: int | None, kv: KVCacheInfo
+) -> LiveFacts:
+    return LiveFacts(
+        model=model,
+        num_params=num_params,
+        peak_flops_per_second=meter.peaks.flops_per_second,
+        peak_memory_bandwidth_bytes_per_second=meter.peaks.bytes_per_second,
+        hardware_price_per_second=meter.config.hardware_price_per_second,
+        max_num_seqs=max_num_seqs,
+        kv_cache_capacity_tokens=kv.max_tokens,
+    )
 
 
 def _time_per_output_token(event: TokenEvent) -> float | None:

@@ -39,6 +39,10 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    # meterserve extension (docs/api.md, docs/console.md): each chunk carries a `meterserve`
+    # object saying which forward pass produced it, plus progress-only chunks for prefill
+    # chunks that sample nothing.
+    include_progress: bool = False
 
 
 class SamplingFields(_Request):
@@ -61,6 +65,7 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    priority: int = 0  # vLLM's extension: lower runs first (--scheduling-policy priority)
     logit_bias: dict[str, float] | None = None
 
     @property
@@ -72,6 +77,12 @@ class SamplingFields(_Request):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def include_progress(self) -> bool:
+        """Progress is a streaming feature: a non-streamed request ignores the option."""
+        options = self.stream_options
+        return self.stream and options is not None and options.include_progress
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]
@@ -126,6 +137,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM's: each token's string next to its id
 
 
 class DetokenizeRequest(_Request):
@@ -151,6 +163,35 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
+class StreamProgress(BaseModel):
+    """The `meterserve` object of a streamed chunk with stream_options.include_progress: one
+    forward pass's work on one choice (docs/console.md). Costs and FLOPs are the choice's
+    running totals, this pass included; the final usage chunk has the settled bill."""
+
+    index: int  # the choice
+    forward_pass: int  # the engine step (shared by every request in the same batch)
+    phase: Literal["prefill", "decode"]
+    batch_size: int  # requests in this forward pass
+    start_position: int  # first position this pass computed for the choice
+    num_tokens: int  # positions it computed (a prefill chunk's length, 1 in decode)
+    prompt_tokens: int
+    prompt_tokens_computed: int  # prompt tokens with K/V cached after this pass
+    token_ids: list[int] = Field(default_factory=list)  # tokens this pass produced
+    elapsed_seconds: float  # the request's arrival to the end of this pass (server clock)
+    prefill_flops: float
+    decode_flops: float
+    prefill_cost_usd: float
+    decode_cost_usd: float
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+# Present only on the chunks of a request that asked for progress.
+ProgressField = Annotated[StreamProgress | None, Field(exclude_if=_unset)]
+
+
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)
@@ -172,6 +213,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    meterserve: ProgressField = None
 
 
 class TopLogprob(BaseModel):
@@ -226,6 +268,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    meterserve: ProgressField = None
 
 
 class ModelCard(BaseModel):

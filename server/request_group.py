@@ -36,6 +36,7 @@ class EngineRequestSpec:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt_index: int = 0
+    priority: int = 0  # lower runs first under --scheduling-policy priority
 
 
 @dataclass(frozen=True, slots=True)

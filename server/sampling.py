@@ -88,6 +88,7 @@ def build_sampling_params(
             seed=seed,
             logprobs=logprobs,
             logit_bias=parse_logit_bias(body.logit_bias, vocab_size),
+            report_progress=body.include_progress,
         )
     except SamplingParamsError as exc:
         raise bad_request(str(exc), param=exc.param) from None
@@ -117,6 +118,18 @@ def parse_logit_bias(
         check_token_ids([token_id], vocab_size, "logit_bias")
         pairs.append((token_id, float(bias)))
     return tuple(sorted(pairs))
+
+
+def check_priority(priority: int, policy: str) -> int:
+    """vLLM's rule: a priority other than 0 needs the priority scheduling policy (under fcfs
+    it would be silently ignored)."""
+    if priority != 0 and policy != "priority":
+        raise bad_request(
+            f"priority {priority} requires the server to run with --scheduling-policy priority "
+            f"(it runs {policy})",
+            param="priority",
+        )
+    return priority
 
 
 def check_stop_strings(stop: list[str]) -> list[str]:

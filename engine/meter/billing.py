@@ -7,6 +7,7 @@ computed beyond that (after a stop string matched, after the client left or time
 `undelivered`: not billed, but their compute stays in the request's seconds and cost.
 
 cost_usd    = (prefill_seconds + decode_seconds) * hardware price per second   (usage basis)
+            = prefill_cost_usd + decode_cost_usd (each phase's seconds * that price)
 revenue_usd = prompt_tokens * input price / 1e6 + completion_tokens * output price / 1e6
 """
 
@@ -48,6 +49,12 @@ class Bill:
     flops: float
     cost_usd: float
     revenue_usd: float
+    # The split of flops and cost_usd by phase (prefill: prompt chunks, the first token's
+    # pass included; decode: one token per pass).
+    prefill_flops: float = 0.0
+    decode_flops: float = 0.0
+    prefill_cost_usd: float = 0.0
+    decode_cost_usd: float = 0.0
 
     @property
     def busy_seconds(self) -> float:
@@ -69,6 +76,8 @@ def bill_request(
     costs = [choice.cost for choice in choices if choice.cost is not None]
     prefill = sum(cost.prefill_seconds for cost in costs)
     decode = sum(cost.decode_seconds for cost in costs)
+    prefill_flops = sum(cost.prefill_flops for cost in costs)
+    decode_flops = sum(cost.decode_flops for cost in costs)
     prompt_tokens = sum(prompt_lengths)
     completion = sum(choice.num_delivered_tokens for choice in choices)
     undelivered = sum(
@@ -81,10 +90,14 @@ def bill_request(
         undelivered_tokens=undelivered,
         prefill_seconds=prefill,
         decode_seconds=decode,
-        flops=sum(cost.prefill_flops + cost.decode_flops for cost in costs),
+        flops=prefill_flops + decode_flops,
         cost_usd=(prefill + decode) * hardware_price_per_second,
         revenue_usd=(
             prompt_tokens * prices.input_per_million + completion * prices.output_per_million
         )
         / 1e6,
+        prefill_flops=prefill_flops,
+        decode_flops=decode_flops,
+        prefill_cost_usd=prefill * hardware_price_per_second,
+        decode_cost_usd=decode * hardware_price_per_second,
     )

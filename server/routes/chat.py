@@ -22,6 +22,7 @@ from server.protocol import (
     ChatLogprobs,
     ChatMessage,
     ChatTokenLogprob,
+    StreamProgress,
     TopLogprob,
 )
 from server.request_group import EngineRequestSpec
@@ -39,6 +40,7 @@ from server.routes.deps import (
 from server.sampling import (
     build_sampling_params,
     check_model,
+    check_priority,
     check_stop_strings,
     resolve_max_tokens,
 )
@@ -55,6 +57,7 @@ async def create_chat_completion(request: Request) -> Response:
     client = ready_client(request)
     model = check_model(body.model, served_model_names(request))
     stop = check_stop_strings(body.stop_strings)
+    priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -81,6 +84,7 @@ async def create_chat_completion(request: Request) -> Response:
                 vocab_size=client.vocab_size,
                 choice_index=j,
             ),
+            priority=priority,
         )
         for j in range(body.n)
     ]
@@ -141,6 +145,10 @@ class _ChatBuilder:
             first = ChatChunkChoice(index=state.index, delta={"role": "assistant", "content": ""})
             yield sse_event(self._chunk([first]))
         async for update in self.generation.updates():
+            progress = self.generation.progress(update)
+            if update.progress_only:  # a prefill chunk that produced no token
+                yield sse_event(self._chunk([], progress))
+                continue
             delta = {"content": update.text} if update.text else {}
             logprobs = None
             if self.num_logprobs is not None and update.logprobs:
@@ -151,15 +159,21 @@ class _ChatBuilder:
                 logprobs=logprobs,
                 finish_reason=update.finish_reason,
             )
-            yield sse_event(self._chunk([choice]))
+            yield sse_event(self._chunk([choice], progress))
         if include_usage:
             final = self._chunk([])
             final.usage = self.generation.usage()
             yield sse_event(final)
 
-    def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+    def _chunk(
+        self, choices: list[ChatChunkChoice], progress: StreamProgress | None = None
+    ) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=self.request_id, created=self.created, model=self.model, choices=choices
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            meterserve=progress,
         )
 
     def response(self) -> ChatCompletionResponse:

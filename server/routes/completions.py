@@ -19,6 +19,7 @@ from server.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    StreamProgress,
 )
 from server.request_group import EngineRequestSpec
 from server.routes.deps import (
@@ -35,6 +36,7 @@ from server.sampling import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     build_sampling_params,
     check_model,
+    check_priority,
     check_stop_strings,
     check_token_ids,
     resolve_max_tokens,
@@ -62,6 +64,7 @@ async def create_completion(request: Request) -> Response:
     if body.echo and body.logprobs is not None:
         raise bad_request("echo together with logprobs is not supported", param="echo")
     stop = check_stop_strings(body.stop_strings)
+    priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
     prompts = await tokenize_prompts(body.prompt, client)
     request_id = new_id("cmpl")
     specs: list[EngineRequestSpec] = []
@@ -81,7 +84,9 @@ async def create_completion(request: Request) -> Response:
                 vocab_size=client.vocab_size,
                 choice_index=j,
             )
-            specs.append(EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index))
+            specs.append(
+                EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index, priority)
+            )
     group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, prompts, body.n, stop)
     echo_texts = (
@@ -178,6 +183,10 @@ class _Stream:
                 echo = CompletionChoice(index=state.index, text=self._echo(state.index))
                 yield sse_event(self._chunk([echo]))
         async for update in self.generation.updates():
+            progress = self.generation.progress(update)
+            if update.progress_only:  # a prefill chunk that produced no token
+                yield sse_event(self._chunk([], progress))
+                continue
             logprobs = None
             if self.num_logprobs is not None:
                 offsets = [o + len(self._echo(update.index)) for o in update.text_offsets]
@@ -188,15 +197,21 @@ class _Stream:
                 logprobs=logprobs,
                 finish_reason=update.finish_reason,
             )
-            yield sse_event(self._chunk([choice]))
+            yield sse_event(self._chunk([choice], progress))
         if include_usage:
             final = self._chunk([])
             final.usage = self.generation.usage()
             yield sse_event(final)
 
-    def _chunk(self, choices: list[CompletionChoice]) -> CompletionResponse:
+    def _chunk(
+        self, choices: list[CompletionChoice], progress: StreamProgress | None = None
+    ) -> CompletionResponse:
         return CompletionResponse(
-            id=self.request_id, created=self.created, model=self.model, choices=choices
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            meterserve=progress,
         )
 
     def response(self) -> CompletionResponse:

@@ -9,7 +9,7 @@ from server.errors import bad_request
 from server.protocol import DetokenizeRequest, TokenizeRequest
 from server.routes.chat import apply_chat_template
 from server.routes.completions import encode_texts
-from server.routes.deps import get_settings, ready_client, served_model_names
+from server.routes.deps import get_settings, ready_client, served_model_names, token_texts
 from server.sampling import check_model, check_token_ids
 
 router = APIRouter()
@@ -30,7 +30,12 @@ async def tokenize(request: Request) -> dict:
         tokens = await apply_chat_template(client, body.messages, body.add_generation_prompt)
     else:
         [tokens] = await encode_texts(client.tokenizer, [body.prompt], body.add_special_tokens)
-    return {"count": len(tokens), "max_model_len": client.max_model_len, "tokens": tokens}
+    result = {"count": len(tokens), "max_model_len": client.max_model_len, "tokens": tokens}
+    if body.return_token_strs:
+        # Each token's text on its own, as logprobs show it (vLLM returns vocabulary pieces).
+        texts = token_texts(request)
+        result["token_strs"] = [texts.text(token_id) for token_id in tokens]
+    return result
 
 
 @router.post("/detokenize")

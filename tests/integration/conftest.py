@@ -29,6 +29,19 @@ def main_server(server_logs: Path) -> Iterator[ServerProcess]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def priority_server(server_logs: Path) -> Iterator[ServerProcess]:
+    """A second server: priority scheduling, one request at a time, no fault injection armed
+    (the fuzzer must not hit the injected fault, a 500 by design)."""
+    server = ServerProcess(
+        "priority",
+        ["--api-key", API_KEY, "--scheduling-policy", "priority", "--max-num-seqs", "1"],
+        server_logs,
+    )
+    with server.running():
+        yield server
+
+
 @pytest.fixture
 def openai_client(main_server: ServerProcess) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=main_server.base_url + "/v1", api_key=API_KEY, max_retries=0)

@@ -156,6 +156,7 @@ BAD_CASES = [
         "messages",
     ),
     ("suffix-refused", COMPLETIONS, completion(suffix="!"), None, 400, "suffix"),
+    ("priority-under-fcfs", CHAT, chat(priority=-5), None, 400, "priority"),
     ("best-of-refused", COMPLETIONS, completion(best_of=3), None, 400, "best_of"),
     ("missing-auth", CHAT, chat(), NO_AUTH, 401, None),
     ("wrong-api-key", COMPLETIONS, completion(), {"Authorization": "Bearer nope"}, 401, None),

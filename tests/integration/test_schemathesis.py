@@ -9,9 +9,6 @@ a few tokens per request so valid requests stay short, and a time limit on the w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 import requests
@@ -29,11 +26,10 @@ MAX_GENERATED_TOKENS = 4  # a valid request may ask for thousands; the fuzzer ne
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(server_logs: Path) -> Iterator[ServerProcess]:
-    """A server of its own: no fault injection armed (an injected fault is a 500 by design)."""
-    server = ServerProcess("fuzz", ["--api-key", API_KEY, "--max-num-seqs", "8"], server_logs)
-    with server.running():
-        yield server
+def fuzz_server(priority_server: ServerProcess) -> ServerProcess:
+    """The second server (conftest.py): no fault injection armed, as an injected fault is a
+    500 by design."""
+    return priority_server
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +43,17 @@ def _bounded(body: object) -> object:
         return body
     for field in ("max_tokens", "max_completion_tokens"):
         value = body.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_GENERATED_TOKENS:
+        if _is_int(value) and value > MAX_GENERATED_TOKENS:
             body[field] = MAX_GENERATED_TOKENS
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = MAX_GENERATED_TOKENS
-    if isinstance(body.get("n"), int) and not isinstance(body.get("n"), bool) and body["n"] > 2:
+    if not any(_is_int(body.get(f)) for f in ("max_tokens", "max_completion_tokens")):
+        body["max_tokens"] = MAX_GENERATED_TOKENS  # absent or null: the whole context
+    if _is_int(body.get("n")) and body["n"] > 2:
         body["n"] = 2
     return body
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _operations(api_schema) -> list:

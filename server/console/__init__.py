@@ -1,0 +1,1 @@
+"""The web console's static files (index.html, console.js, console.css), served at GET /."""
