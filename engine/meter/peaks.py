@@ -22,7 +22,7 @@ import torch
 log = logging.getLogger(__name__)
 
 MATMUL_SIZE = 1024  # large enough to leave the cache-bound regime, small enough for 2 cores
-COPY_BYTES = 64 * 1024 * 1024  # well beyond any last-level cache
+COPY_BYTES = 256 * 1024 * 1024  # src + dst 512 MiB: beyond any last-level cache
 MATMUL_SECONDS = 0.6
 COPY_SECONDS = 0.4
 
