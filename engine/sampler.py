@@ -3,23 +3,39 @@
 Order of processing for a row: logit_bias -> min_tokens ban of EOS/stop ids -> repetition,
 presence and frequency penalties -> (logprobs are taken here, before temperature) ->
 greedy argmax, or temperature -> top-k -> top-p -> min-p -> draw.
-A request with a seed draws from its own torch.Generator, so its samples do not depend on
-what else shares the batch; unseeded requests share one engine generator.
+
+The batch is split by what its rows need, and each part is done for all its rows at once:
+  plain greedy rows   argmax of the model's own logits (the native kernel on bf16); they never
+                      pay for the float32 copy, whatever shares the batch;
+  processed rows      one float32 copy of just these rows, processors scattered into it
+                      (sampling/logit_processors.py); greedy ones take its argmax;
+  sampled rows        temperature, softmax, truncation from the top candidates and an inverse
+                      CDF draw (sampling/truncation.py).
+sampling/reference.py is the plain per-row definition all of this is tested against.
+
+Draws: each sampled row consumes one uniform per step. A request with a seed draws it from its
+own torch.Generator, so its tokens do not depend on what else shares the batch; unseeded rows
+share one generator, seeded from os.urandom unless Sampler(seed=...) is given.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from engine.sampling.logit_processors import needs_processing, processed_logits, token_logprobs
+from engine.sampling.truncation import choose, select_rows
 from scheduler.output import ScheduledChunk, TokenLogprobs
-from scheduler.sampling_params import SamplingParams
 
 
 class Sampler:
-    """Owns per-request generators; forget() drops them when requests finish."""
+    """Owns the shared and per-request generators; forget() drops them when requests finish."""
 
-    def __init__(self, seed: int = 0, kernels=None) -> None:
+    def __init__(self, seed: int | None = None, kernels=None) -> None:
         self.kernels = kernels  # native argmax for the greedy fast path, when built
+        if seed is None:  # a fresh stream per process: restarts must not replay samples
+            seed = int.from_bytes(os.urandom(8), "little")
         self.shared_generator = torch.Generator().manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
 
@@ -31,114 +47,77 @@ class Sampler:
         self, logits: torch.Tensor, chunks: list[ScheduledChunk]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(chunks), vocab] (any float dtype), row i belongs to chunks[i]."""
-        if not any(_needs_processing(c) for c in chunks):
-            return self._greedy(logits), [None] * len(chunks)
-        logits = logits.to(torch.float32, copy=True)  # processors write into it
-        for row, chunk in enumerate(chunks):
-            _apply_logit_processors(logits[row], chunk)
-        logprobs_all = None
-        if any(c.sampling_params.logprobs is not None for c in chunks):
-            logprobs_all = torch.log_softmax(logits, dim=-1)
-        token_ids = self._choose(logits, chunks)
-        return token_ids, [
-            _token_logprobs(logprobs_all[row], token_ids[row], chunk.sampling_params.logprobs)
-            if logprobs_all is not None and chunk.sampling_params.logprobs is not None
-            else None
-            for row, chunk in enumerate(chunks)
-        ]
+        return sample_rows(logits, chunks, self._uniforms(chunks), self.kernels)
 
-    def _greedy(self, logits: torch.Tensor) -> list[int]:
-        """First maximum of each row, on the logits' own dtype (widening bf16 is exact)."""
-        if self.kernels is not None and logits.is_contiguous():
-            return self.kernels.argmax_rows(logits).tolist()  # ~10x torch's bf16 max
-        # max(...).indices: same first-maximum rule as argmax, measurably faster on CPU.
-        return logits.max(dim=-1).indices.tolist()
-
-    def _choose(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[int]:
-        token_ids = logits.argmax(dim=-1).tolist()
+    def _uniforms(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """[len(chunks)] float64 in [0, 1): one draw per sampled row, 0 for greedy rows."""
+        uniforms = torch.zeros(len(chunks), dtype=torch.float64)
+        unseeded = []
         for row, chunk in enumerate(chunks):
             params = chunk.sampling_params
-            if not params.greedy:
-                probs = _filtered_probs(logits[row], params)
-                generator = self._generator_for(chunk.request_id, params)
-                token_ids[row] = int(torch.multinomial(probs, 1, generator=generator))
-        return token_ids
-
-    def _generator_for(self, request_id: str, params: SamplingParams) -> torch.Generator:
-        if params.seed is None:
-            return self.shared_generator
-        generator = self.generators.get(request_id)
-        if generator is None:
-            generator = torch.Generator().manual_seed(params.seed)
-            self.generators[request_id] = generator
-        return generator
-
-
-def _needs_processing(chunk: ScheduledChunk) -> bool:
-    params = chunk.sampling_params
-    return (
-        not params.greedy
-        or params.logprobs is not None
-        or params.uses_penalties
-        or bool(params.logit_bias)
-        or len(chunk.output_token_ids) < params.min_tokens
-    )
+            if params.greedy:
+                continue
+            if params.seed is None:
+                unseeded.append(row)
+                continue
+            generator = self.generators.get(chunk.request_id)
+            if generator is None:
+                generator = torch.Generator().manual_seed(params.seed)
+                self.generators[chunk.request_id] = generator
+            uniforms[row] = torch.rand((), dtype=torch.float64, generator=generator)
+        if unseeded:
+            draws = torch.rand(len(unseeded), dtype=torch.float64, generator=self.shared_generator)
+            uniforms[unseeded] = draws
+        return uniforms
 
 
-def _apply_logit_processors(row: torch.Tensor, chunk: ScheduledChunk) -> None:
-    """In place on one row of logits."""
-    params = chunk.sampling_params
-    for token_id, bias in params.logit_bias:
-        if token_id < row.shape[0]:
-            row[token_id] += bias
-    if len(chunk.output_token_ids) < params.min_tokens:
-        eos = () if params.ignore_eos else tuple(chunk.eos_token_ids)
-        banned = [t for t in (*eos, *params.stop_token_ids) if t < row.shape[0]]
-        row[banned] = float("-inf")
-    if params.uses_penalties:
-        _apply_penalties(row, chunk)
+def sample_rows(
+    logits: torch.Tensor, chunks: list[ScheduledChunk], uniforms: torch.Tensor, kernels=None
+) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """Sampler.sample with the draws given: uniforms[i] (float64 in [0, 1)) is row i's."""
+    processed = [row for row, chunk in enumerate(chunks) if needs_processing(chunk)]
+    if not processed:
+        return greedy_token_ids(logits, kernels).tolist(), [None] * len(chunks)
+    token_ids = torch.empty(len(chunks), dtype=torch.long)
+    plain = sorted(set(range(len(chunks))) - set(processed))
+    if plain:
+        token_ids[plain] = greedy_token_ids(select_rows(logits, plain), kernels)
+    sub = [chunks[row] for row in processed]
+    work = processed_logits(logits, processed, sub)  # [P, V] float32, row j is processed[j]
+    asking = [j for j, chunk in enumerate(sub) if chunk.sampling_params.logprobs is not None]
+    logprobs = torch.log_softmax(select_rows(work, asking), dim=-1) if asking else None
+    token_ids[processed] = _choose(work, sub, uniforms[processed], kernels)  # may scale work
+    result = token_ids.tolist()
+    per_row: list[TokenLogprobs | None] = [None] * len(chunks)
+    if logprobs is not None:
+        rows = [processed[j] for j in asking]
+        tops = [chunks[row].sampling_params.logprobs or 0 for row in rows]
+        for row, entry in zip(rows, token_logprobs(logprobs, [result[r] for r in rows], tops)):
+            per_row[row] = entry
+    return result, per_row
 
 
-def _apply_penalties(row: torch.Tensor, chunk: ScheduledChunk) -> None:
-    params = chunk.sampling_params
-    if params.repetition_penalty != 1.0:
-        # Hugging Face's rule: over prompt and output tokens, divide positive logits by the
-        # penalty and multiply negative ones.
-        seen = torch.tensor(sorted({*chunk.prompt_token_ids, *chunk.output_token_ids}))
-        scores = row[seen]
-        penalty = params.repetition_penalty
-        row[seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
-    if chunk.output_token_ids and (params.presence_penalty or params.frequency_penalty):
-        counts = torch.bincount(torch.tensor(chunk.output_token_ids), minlength=row.shape[0])
-        counts = counts[: row.shape[0]].to(row.dtype)
-        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
-            row.dtype
-        )
+def _choose(
+    work: torch.Tensor, chunks: list[ScheduledChunk], uniforms: torch.Tensor, kernels
+) -> torch.Tensor:
+    """Token ids [P] for processed logits work [P, V]: argmax, or a draw after temperature."""
+    chosen = torch.empty(len(chunks), dtype=torch.long)
+    greedy = [j for j, chunk in enumerate(chunks) if chunk.sampling_params.greedy]
+    if greedy:
+        chosen[greedy] = greedy_token_ids(select_rows(work, greedy), kernels)
+    sampled = [j for j, chunk in enumerate(chunks) if not chunk.sampling_params.greedy]
+    if sampled:
+        params = [chunks[j].sampling_params for j in sampled]
+        scaled = select_rows(work, sampled)  # work itself when every row samples: scaled in place
+        scaled /= torch.tensor([p.temperature for p in params])[:, None]
+        probs = torch.softmax(scaled, dim=-1)
+        chosen[sampled] = choose(probs, params, uniforms[sampled])
+    return chosen
 
 
-def _filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p filtering; returns a probability vector."""
-    scaled = row / params.temperature
-    if 0 < params.top_k < scaled.shape[0]:
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p: a token is out once the mass
-        # before it already reaches top_p (the first token always stays: top_p > 0).
-        outside = sorted_probs.cumsum(0) - sorted_probs >= params.top_p
-        probs = probs.clone()
-        probs[order[outside]] = 0.0
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
-
-
-def _token_logprobs(logprobs: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
-    result = TokenLogprobs(token_id=token_id, logprob=float(logprobs[token_id]))
-    if top > 0:
-        values, ids = torch.topk(logprobs, top)
-        result.top_token_ids = ids.tolist()
-        result.top_logprobs = values.tolist()
-    return result
+def greedy_token_ids(logits: torch.Tensor, kernels=None) -> torch.Tensor:
+    """First maximum of each row ([rows] int64), on the logits' own dtype (bf16 is exact)."""
+    if kernels is not None and logits.is_contiguous():
+        return kernels.argmax_rows(logits)  # ~10x torch's bf16 max
+    # max(...).indices: same first-maximum rule as argmax, measurably faster on CPU.
+    return logits.max(dim=-1).indices

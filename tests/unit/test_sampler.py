@@ -9,12 +9,23 @@ vocabulary's logprobs: that is how the penalty definitions are checked.
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import pytest
 import torch
 
-from engine.sampler import Sampler
+import engine.sampler as sampler_module
+from engine.kernels import load_cpu_kernels
+from engine.sampler import Sampler, sample_rows
+from engine.sampling.logit_processors import processed_logits
+from engine.sampling.reference import (
+    reference_draw,
+    reference_logits,
+    reference_probs,
+    reference_sample,
+)
+from engine.sampling.truncation import CANDIDATE_COUNTS, inverse_cdf, kept_tokens
 from scheduler.output import ScheduledChunk
 from scheduler.sampling_params import SamplingParams
 
@@ -311,3 +322,226 @@ def test_logprobs_are_taken_before_temperature() -> None:
     token_ids, logprobs = Sampler().sample(logits, [_chunk(params)])
     expected = torch.log_softmax(logits[0].double(), dim=-1)
     assert logprobs[0].logprob == pytest.approx(float(expected[token_ids[0]]), abs=1e-5)
+
+
+# --- the batched sampler against the plain per-row reference ---------------------------------
+
+
+def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
+    greedy = rng.random() < 0.2
+    return SamplingParams(
+        temperature=0.0 if greedy else rng.choice([0.3, 0.8, 1.0, 1.5]),
+        top_k=rng.choice([0, 0, 0, 1, 7, 100, 300, vocab - 1, vocab + 5]),
+        top_p=rng.choice([1.0, 1.0, 0.3, 0.9, 0.95, 0.99]),
+        min_p=rng.choice([0.0, 0.0, 0.02, 0.4]),
+        repetition_penalty=rng.choice([1.0, 1.0, 1.3, 0.7]),
+        presence_penalty=rng.choice([0.0, 0.0, 0.5, -1.0]),
+        frequency_penalty=rng.choice([0.0, 0.0, 0.3]),
+        logit_bias=tuple((t, rng.uniform(-5, 5)) for t in rng.sample(range(vocab + 3), 3))
+        if rng.random() < 0.3
+        else (),
+        min_tokens=rng.choice([0, 0, 3]),
+        stop_token_ids=(rng.randrange(vocab),),
+        seed=rng.choice([None, rng.randrange(1000)]),
+        logprobs=rng.choice([None, None, 0, 5]),
+    )
+
+
+def _random_chunks(rng: random.Random, vocab: int, n: int) -> list[ScheduledChunk]:
+    return [
+        _chunk(
+            _random_params(rng, vocab),
+            request_id=f"r{i}",
+            prompt=[rng.randrange(vocab) for _ in range(rng.randrange(1, 30))],
+            output=[rng.randrange(vocab) for _ in range(rng.randrange(0, 6))],
+        )
+        for i in range(n)
+    ]
+
+
+def _random_logits(generator: torch.Generator, rows: int, vocab: int, dtype) -> torch.Tensor:
+    # Per-row spread from flat (huge nucleus, candidate growth) to peaked; bf16 adds ties.
+    scale = torch.tensor([0.05, 1.0, 3.0, 8.0]).repeat(rows)[:rows, None]
+    return (torch.randn(rows, vocab, generator=generator) * scale).to(dtype)
+
+
+def _batched_distribution(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    dense = torch.zeros_like(probs)
+    for group in kept_tokens(probs, params):
+        weights = torch.zeros(len(group.rows), probs.shape[1]).scatter_(
+            1, group.token_ids, group.weights
+        )
+        dense[group.rows] = weights / weights.sum(dim=1, keepdim=True)
+    return dense
+
+
+@pytest.mark.parametrize(("case", "dtype"), [(0, torch.float32), (1, torch.bfloat16), (2, None)])
+def test_batched_sampler_matches_the_reference(case: int, dtype) -> None:
+    rng = random.Random(case)
+    generator = torch.Generator().manual_seed(case)
+    vocab = 5000 if dtype is not None else 300
+    logits = _random_logits(generator, 48, vocab, dtype or torch.float32)
+    chunks = _random_chunks(rng, vocab, 48)
+    uniforms = torch.rand(48, dtype=torch.float64, generator=generator)
+    rows = list(range(48))
+    # Processors: the same float operations, so bit-identical.
+    work = processed_logits(logits, rows, chunks)
+    for row in rows:
+        assert torch.equal(work[row], reference_logits(logits[row], chunks[row])), row
+    # Kept sets and probabilities of the sampled rows.
+    sampled = [r for r in rows if not chunks[r].sampling_params.greedy]
+    params = [chunks[r].sampling_params for r in sampled]
+    temperature = torch.tensor([p.temperature for p in params])[:, None]
+    batched = _batched_distribution(torch.softmax(work[sampled] / temperature, dim=-1), params)
+    for i, row in enumerate(sampled):
+        expected = reference_probs(work[row], params[i])
+        assert torch.equal(batched[i] > 0, expected > 0), row
+        torch.testing.assert_close(batched[i], expected, atol=1e-6, rtol=1e-5)
+    # Tokens and logprobs, for the same uniforms.
+    token_ids, logprobs = sample_rows(logits, chunks, uniforms)
+    for row in rows:
+        expected_id, expected_logprobs = reference_sample(
+            logits[row], chunks[row], float(uniforms[row])
+        )
+        assert token_ids[row] == expected_id, row
+        assert logprobs[row] == expected_logprobs, row
+
+
+def test_candidates_grow_until_the_nucleus_fits() -> None:
+    # A flat row: the top 4096 candidates hold far less than top_p, the whole vocabulary is
+    # sorted. Steeper rows stop at 1024, 256 or the first 64 candidates.
+    vocab = 20000
+    generator = torch.Generator().manual_seed(7)
+    scale = torch.tensor([[0.01], [3.0], [3.5], [9.0]])  # nuclei ~18000, ~870, ~150, 1
+    logits = torch.randn(4, vocab, generator=generator) * scale
+    params = [SamplingParams(temperature=1.0, top_p=0.9)] * 4
+    probs = torch.softmax(logits, dim=-1)
+    sizes = {}
+    for group in kept_tokens(probs, params):
+        for row in group.rows.tolist():
+            sizes[row] = group.token_ids.shape[1]
+    assert sizes == {0: vocab, 1: 1024, 2: 256, 3: 64}
+    batched = _batched_distribution(probs, params)
+    for row in range(4):
+        expected = reference_probs(logits[row], params[row])
+        assert torch.equal(batched[row] > 0, expected > 0), row
+        torch.testing.assert_close(batched[row], expected, atol=1e-7, rtol=1e-5)
+    assert int((batched[0] > 0).sum()) > CANDIDATE_COUNTS[-1]
+
+
+def test_top_p_cut_inside_a_tie_keeps_the_lowest_token_ids() -> None:
+    # 200 equally likely tokens (ids spread over the vocabulary) and top_p = 0.5: the 100
+    # lowest ids stay, whichever 64 of them torch.topk happened to return first.
+    vocab = 1000
+    tied = torch.randperm(vocab, generator=torch.Generator().manual_seed(3))[:200]
+    logits = torch.full((1, vocab), -1e4)
+    logits[0, tied] = 0.0
+    params = [SamplingParams(temperature=1.0, top_p=0.5)]
+    batched = _batched_distribution(torch.softmax(logits, dim=-1), params)
+    assert set(batched[0].nonzero().squeeze(1).tolist()) == set(tied.sort().values[:100].tolist())
+    assert torch.equal(batched[0], reference_probs(logits[0], params[0]))
+
+
+def test_top_k_keeps_every_tie_of_the_kth_probability() -> None:
+    # Token 5 leads; 150 tokens tie for second place: top_k = 2 keeps all 151.
+    vocab = 1000
+    logits = torch.full((1, vocab), -1e4)
+    logits[0, 5] = 2.0
+    logits[0, 300:450] = 1.0
+    params = [SamplingParams(temperature=1.0, top_k=2)]
+    batched = _batched_distribution(torch.softmax(logits, dim=-1), params)
+    assert set(batched[0].nonzero().squeeze(1).tolist()) == {5, *range(300, 450)}
+    torch.testing.assert_close(batched[0], reference_probs(logits[0], params[0]))
+    # Then top_p: p(5) = e / (e + 150) ~ 0.018 and each tie ~ 0.0066, so top_p = 0.03 keeps
+    # token 5 and 2 ties. Renormalized over only the first 64 candidates, p(5) would look like
+    # 0.041 and keep token 5 alone, above every tie: seemingly complete.
+    params = [SamplingParams(temperature=1.0, top_k=2, top_p=0.03)]
+    batched = _batched_distribution(torch.softmax(logits, dim=-1), params)
+    expected = reference_probs(logits[0], params[0])
+    assert int((expected > 0).sum()) == 3
+    assert torch.equal(batched[0] > 0, expected > 0)
+    torch.testing.assert_close(batched[0], expected)
+
+
+def test_inverse_cdf_walks_ascending_token_ids_and_skips_dropped_tokens() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])
+    for uniform, token_id in [(0.0, 1), (0.49, 1), (0.51, 3), (0.79, 3), (0.81, 4), (1 - 1e-12, 4)]:
+        u = torch.tensor([uniform], dtype=torch.float64)
+        assert int(inverse_cdf(probs, u)) == token_id, uniform
+        assert reference_draw(probs[0], uniform) == token_id, uniform
+
+
+def test_greedy_rows_skip_processing_and_stay_exact_argmax(monkeypatch) -> None:
+    generator = torch.Generator().manual_seed(4)
+    logits = (torch.randn(32, 5000, generator=generator) * 4).to(torch.bfloat16)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_p=0.95),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2, logprobs=2),
+    ] * 8
+    chunks = [_chunk(p, request_id=f"r{i}") for i, p in enumerate(params)]
+    processed_rows = []
+
+    def spy(logits, rows, chunks):
+        processed_rows.append(rows)
+        return processed_logits(logits, rows, chunks)
+
+    monkeypatch.setattr(sampler_module, "processed_logits", spy)
+    for kernels in _kernel_choices():
+        token_ids, _ = Sampler(seed=0, kernels=kernels).sample(logits, chunks)
+        plain = [r for r in range(32) if r % 4 in (0, 2)]
+        assert [token_ids[r] for r in plain] == logits[plain].float().argmax(dim=-1).tolist()
+        assert processed_rows.pop() == [r for r in range(32) if r % 4 in (1, 3)]
+
+
+def _kernel_choices() -> list:
+    kernels = load_cpu_kernels()
+    return [None] if kernels is None else [None, kernels]
+
+
+def test_seeded_requests_draw_the_same_alone_and_in_a_batch_of_64() -> None:
+    vocab = 8192
+    generator = torch.Generator().manual_seed(5)
+    rng = random.Random(5)
+    # A peaked seeded request, a flat one (its nucleus needs the whole-vocabulary sort) and a
+    # plain-temperature one, against 61 mixed neighbours that change every step.
+    mine = {
+        "peaked": (SamplingParams(temperature=0.8, top_p=0.95, seed=11), 4.0),
+        "flat": (SamplingParams(temperature=1.0, top_p=0.9, top_k=5000, seed=12), 0.02),
+        "plain": (SamplingParams(temperature=1.2, seed=13), 2.0),
+    }
+    steps = [
+        {
+            name: torch.randn(1, vocab, generator=generator) * scale
+            for name, (_, scale) in mine.items()
+        }
+        for _ in range(6)
+    ]
+    alone = {}
+    for name, (params, _) in mine.items():
+        sampler = Sampler(seed=1)
+        alone[name] = [sampler.sample(step[name], [_chunk(params, name)])[0][0] for step in steps]
+    sampler = Sampler(seed=2)
+    together = {name: [] for name in mine}
+    for step in steps:
+        others = _random_chunks(rng, vocab, 61)
+        rows = [*others[:20], None, *others[20:40], None, *others[40:], None]
+        positions = {name: i for i, name in zip([20, 41, 63], mine, strict=True)}
+        for name, i in positions.items():
+            rows[i] = _chunk(mine[name][0], name)
+        logits = _random_logits(generator, 64, vocab, torch.bfloat16).float()
+        for name, i in positions.items():
+            logits[i] = step[name][0]
+        token_ids, _ = sampler.sample(logits, rows)
+        for name, i in positions.items():
+            together[name].append(token_ids[i])
+    assert together == alone
+    assert all(len(set(tokens)) > 1 for tokens in alone.values())
+
+
+def test_unseeded_streams_differ_between_samplers_unless_seeded() -> None:
+    flat = _logits([0.0] * VOCAB)
+    chunk = _chunk(SamplingParams(temperature=1.0), "u")
+    assert _sequence(Sampler(), chunk, flat) != _sequence(Sampler(), chunk, flat)
+    assert _sequence(Sampler(seed=8), chunk, flat) == _sequence(Sampler(seed=8), chunk, flat)
