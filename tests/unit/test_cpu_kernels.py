@@ -9,6 +9,13 @@ or no compiler): the plain-torch path then serves and is tested everywhere else.
 
 from __future__ import annotations
 
+import functools
+import gc
+import operator
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +192,118 @@ def test_argmax_rows_takes_the_first_maximum_like_torch(dtype) -> None:
     got = kernels.argmax_rows(logits)
     assert torch.equal(got, logits.float().argmax(dim=-1))
     assert got[2] == 10 and got[4] == 999 and got[6] == 0
+
+
+# --- The GIL -------------------------------------------------------------------------------------
+# Every op but amx_available releases the GIL, so the HTTP thread runs while a step computes.
+# Proof without timing: a Python thread counts in a loop while the main thread calls the op
+# REPEATS times inside one C-level map() that also reads the counter before and after. No bytecode
+# runs between the two readings, so the main thread gives up the GIL in between only where a call
+# releases it: a call that keeps it reads exactly 0, every time. A call that releases it lets the
+# waiting counter in (and once the counter has waited a 5 ms switch interval, CPython's forced
+# switching makes the next release hand the GIL over), so it reads > 0 within a few tries.
+# REPEATS is small because each handover can cost the caller a switch interval to get it back.
+
+REPEATS = 16
+DEADLINE_SECONDS = 2.0  # tries until then; a call that keeps the GIL uses all of it
+
+
+def _python_progress_during(call) -> int:
+    """Iterations a pure-Python loop in another thread ran while `call` ran REPEATS times."""
+    call()  # warm up: thread pools, first-touch pages
+    progress, running = [0], [True]
+
+    def count() -> None:
+        while running[0]:
+            progress[0] += 1
+
+    counter = threading.Thread(target=count, daemon=True)
+    read = functools.partial(operator.getitem, progress, 0)
+    bracket = [read, *[call] * REPEATS, read]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection could run a Python finalizer between the readings
+    counter.start()
+    try:
+        while progress[0] == 0:  # the counter is in its loop before the first reading
+            time.sleep(0.001)
+        deadline, seen = time.monotonic() + DEADLINE_SECONDS, 0
+        while seen == 0 and time.monotonic() < deadline:
+            readings = list(map(operator.call, bracket))
+            seen = readings[-1] - readings[0]
+    finally:
+        running[0] = False
+        counter.join()
+        if gc_was_enabled:
+            gc.enable()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def gil_free_calls() -> dict:
+    """One small call per op that releases the GIL, by name: partials, so no bytecode runs."""
+    torch.manual_seed(11)
+    bf = torch.bfloat16
+    x4, weight = torch.randn(4, 512, dtype=bf), torch.randn(1024, 512, dtype=bf)
+    rows, residual = torch.randn(64, 512, dtype=bf), torch.randn(64, 512, dtype=bf)
+    packed = repack(_random_blocks("q4_1", 256, 512, seed=12))
+    angles = torch.rand(128, 64) * 6.3
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    qkv, positions = torch.randn(64, 6 * 64, dtype=bf), torch.randint(0, 128, (64,))
+    cache = torch.randn(2, 64 * 16, 2, 64, dtype=bf)  # key, value: 64 blocks of 16 slots
+    query, block_tables = torch.randn(16, 8, 64, dtype=bf), torch.randperm(64).repeat(16, 1)
+    context_lens = torch.full((16,), 1000)
+    # The in-place ops write copies, so the other ops' inputs never drift, however many calls.
+    normed, rotated, written = rows.clone(), qkv.clone(), torch.zeros_like(cache)
+    ops = {
+        "small_batch_linear": (x4, weight, None),
+        "quantized_linear": (x4, packed.kind_id, packed.codes, packed.scales, packed.mins),
+        "argmax_rows": (rows,),
+        "rms_norm": (rows, weight[0], 1e-5),
+        "add_rms_norm_": (normed, residual, weight[0], 1e-5),
+        "silu_and_mul": (rows,),
+        "rotary_": (rotated, positions, cos, sin, 5, 64),
+        "store_kv_": (qkv[:, :128], qkv[:, 128:256], *written, torch.arange(64) * 7),
+        "paged_decode_attention": (query, *cache, block_tables, context_lens, 16, 0.125),
+    }
+    if kernels.amx_available():
+        ops["amx_pack_weight"] = (weight,)
+        ops["amx_linear"] = (rows, kernels.amx_pack_weight(weight), None)
+    return {name: functools.partial(getattr(kernels, name), *args) for name, args in ops.items()}
+
+
+GIL_FREE_OPS = [
+    "small_batch_linear",
+    "quantized_linear",
+    "argmax_rows",
+    "rms_norm",
+    "add_rms_norm_",
+    "silu_and_mul",
+    "rotary_",
+    "store_kv_",
+    "paged_decode_attention",
+    "amx_pack_weight",
+    "amx_linear",
+]
+
+
+@pytest.mark.parametrize("name", GIL_FREE_OPS)
+def test_op_releases_the_gil_while_it_computes(gil_free_calls, name) -> None:
+    if name not in gil_free_calls:
+        pytest.skip("no AMX on this CPU")
+    assert _python_progress_during(gil_free_calls[name]) > 0
+
+
+def test_a_call_that_keeps_the_gil_shows_no_progress() -> None:
+    """The control: the same measurement around a C builtin that keeps the GIL reads 0."""
+    assert _python_progress_during(functools.partial(sum, range(200_000))) == 0
+
+
+def test_ops_give_the_same_results_from_two_threads_at_once(gil_free_calls) -> None:
+    """Without the GIL two threads may run kernels together: no op keeps shared state."""
+    calls = gil_free_calls
+    pure = ["small_batch_linear", "quantized_linear", "argmax_rows", "paged_decode_attention"]
+    want = {name: calls[name]() for name in pure}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for name in pure:
+            for got in pool.map(operator.call, [calls[name]] * 8):
+                assert torch.equal(got, want[name])

@@ -255,16 +255,30 @@ torch::Tensor paged_decode_attention_op(const torch::Tensor& query, const torch:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace meterserve;
-  m.def("small_batch_linear", &small_batch_linear_op, "x[M<=4,K] @ weight[N,K].T (+ bias), bf16");
-  m.def("quantized_linear", &quantized_linear_op, "x[M<=4,K] @ dequantize(Q4_1/Q8_0 blocks).T");
+  // Every op but amx_available runs without the GIL, so the HTTP thread can parse, tokenize and
+  // answer /health while a step computes. pybind11 converts the arguments with the GIL held,
+  // releases it around the C++ call, and retakes it before wrapping the returned tensor (or
+  // raising a TORCH_CHECK error). Safe because the ops read and write tensor memory only: no
+  // Python objects, no callbacks; ATen allocation and torch ops need no GIL. The ops keep no
+  // shared state (AMX permission is a thread-safe static, scratch space is thread_local), so
+  // two threads may call them at once. amx_available keeps the GIL: it returns a cached bool.
+  const auto without_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("small_batch_linear", &small_batch_linear_op, "x[M<=4,K] @ weight[N,K].T (+ bias), bf16",
+        without_gil);
+  m.def("quantized_linear", &quantized_linear_op, "x[M<=4,K] @ dequantize(Q4_1/Q8_0 blocks).T",
+        without_gil);
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
-  m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout");
-  m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16");
-  m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row");
-  m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding");
-  m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place");
-  m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]");
-  m.def("rotary_", &rotary_op, "rotate-half RoPE in place on the first heads of each row");
-  m.def("store_kv_", &store_kv_op, "write key/value rows into cache slots");
-  m.def("paged_decode_attention", &paged_decode_attention_op, "decode attention over the paged cache");
+  m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout", without_gil);
+  m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16",
+        without_gil);
+  m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row", without_gil);
+  m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding", without_gil);
+  m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place",
+        without_gil);
+  m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]", without_gil);
+  m.def("rotary_", &rotary_op, "rotate-half RoPE in place on the first heads of each row",
+        without_gil);
+  m.def("store_kv_", &store_kv_op, "write key/value rows into cache slots", without_gil);
+  m.def("paged_decode_attention", &paged_decode_attention_op,
+        "decode attention over the paged cache", without_gil);
 }
