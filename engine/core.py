@@ -54,7 +54,9 @@ class EngineCore:
         self.tokenizer = checkpoint.tokenizer
         self.model_name = checkpoint.name
         self.max_model_len = _max_model_len(checkpoint.config, config.max_model_len)
-        self.eos_token_ids = _eos_token_ids(checkpoint.config, checkpoint.tokenizer)
+        self.eos_token_ids = _eos_token_ids(
+            checkpoint.config, checkpoint.tokenizer, checkpoint.generation_config
+        )
         self.runner = ModelRunner(config, checkpoint, self.max_model_len)
         bytes_per_block = self.runner.kv_bytes_per_block()
         num_blocks = choose_num_blocks(config, bytes_per_block)
@@ -173,6 +175,7 @@ class EngineCore:
                 continue
             merged.sampled_token_ids.update(single.sampled_token_ids)
             merged.logprobs.update(single.logprobs)
+            merged.prompt_logprobs.update(single.prompt_logprobs)
         return ExecuteResult(merged, failed, 1 + len(output.chunks))
 
     def _charge(self, output: SchedulerOutput, duration: float) -> StepCharge:
@@ -256,6 +259,7 @@ def _chunk_work(chunk) -> ChunkWork:
         context_len=chunk.context_len,
         samples=chunk.samples,
         is_decode=chunk.is_decode,
+        num_prompt_logprob_rows=chunk.num_prompt_logprob_rows,
     )
 
 
@@ -277,11 +281,15 @@ def _max_model_len(hf_config, configured: int | None) -> int:
     return limit
 
 
-def _eos_token_ids(hf_config, tokenizer) -> frozenset[int]:
+def _eos_token_ids(hf_config, tokenizer, generation_config=None) -> frozenset[int]:
+    """Every id that ends a request: the union of config.json's, the tokenizer's and
+    generation_config.json's EOS ids (chat models often list their end-of-turn token only
+    in the last, as vLLM reads it)."""
     ids: set[int] = set()
     for source in (
         getattr(hf_config, "eos_token_id", None),
         getattr(tokenizer, "eos_token_id", None),
+        getattr(generation_config, "eos_token_id", None),
     ):
         if isinstance(source, int):
             ids.add(source)

@@ -43,6 +43,9 @@ class LoadedCheckpoint:
     state_dict: dict[str, torch.Tensor]
     name: str  # a display name, e.g. "SmolLM2-135M-Instruct"
     source: str  # the resolved path
+    # transformers GenerationConfig from generation_config.json, when the directory has one
+    # (a GGUF's cached conversion has none): it may name more EOS ids than config.json.
+    generation_config: object | None = None
 
     @property
     def gguf_path(self) -> Path | None:
@@ -125,7 +128,28 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:
         raise ModelLoadError(f"cannot load tokenizer of {path}: {_one_line(exc)}") from exc
-    return LoadedCheckpoint(config, tokenizer, state_dict, name=name, source=source)
+    return LoadedCheckpoint(
+        config,
+        tokenizer,
+        state_dict,
+        name=name,
+        source=source,
+        generation_config=_load_generation_config(path),
+    )
+
+
+def _load_generation_config(path: Path) -> object | None:
+    """generation_config.json, if present; an unreadable one is logged and skipped (as vLLM
+    does: it only adds defaults such as EOS ids)."""
+    from transformers import GenerationConfig
+
+    if not (path / "generation_config.json").is_file():
+        return None
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - optional file; the model still loads
+        log.warning("ignoring generation_config.json of %s: %s", path, _one_line(exc))
+        return None
 
 
 # longrope switches factors with the sequence length (short vs long), which a paged cache

@@ -1,7 +1,9 @@
 """ModelRunner: owns the model weights, the KV cache tensors and the sampler.
 
 execute(SchedulerOutput) -> RunnerOutput is the only entry point: build the forward batch,
-run the model over the paged cache, compute logits only for rows that sample, sample.
+run the model over the paged cache, compute logits only for rows that sample, sample. Rows
+of a chunk that asks for prompt logprobs get logits too, in passes of their own, so a
+request that does not ask pays nothing for it.
 The runner never touches Request objects; it reads the scheduler's plain chunks.
 """
 
@@ -19,7 +21,7 @@ from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint
-from engine.meter.cost_model import WeightBytes
+from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.layer_ops import make_layer_ops
 from engine.models.packed_linear import (
@@ -30,7 +32,8 @@ from engine.models.packed_linear import (
 )
 from engine.quantized_weights import read_quantized_weights, repack
 from engine.sampler import Sampler
-from scheduler.output import RunnerOutput, SchedulerOutput
+from engine.structured_output import StructuredOutputs
+from scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,8 @@ class ModelRunner:
             if self.kernels is not None and config.gguf_matvec:
                 self.num_gguf_matvec_layers = self._use_gguf_blocks(checkpoint)
         self.sampler = Sampler(kernels=self.kernels)
+        # Grammar matchers of constrained requests, beside the sampler (same lifetime rule).
+        self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
 
     def _use_gguf_blocks(self, checkpoint: LoadedCheckpoint) -> int:
@@ -159,6 +164,7 @@ class ModelRunner:
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(output.finished_request_ids)
+        self.structured.forget(output.finished_request_ids)
         result = RunnerOutput()
         if output.is_empty:
             return result
@@ -166,11 +172,14 @@ class ModelRunner:
         lists = build_lists(output.chunks, self.block_size)
         batch = to_tensors(lists, self.block_size, self.dtype)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
+        if any(c.num_prompt_logprob_rows for c in output.chunks):
+            result.prompt_logprobs = self._prompt_logprobs(hidden, output.chunks)
         sampling_chunks = [c for c in output.chunks if c.samples]
         if not sampling_chunks:
             return result
         logits = self.model.compute_logits(hidden[batch.sample_rows])
-        token_ids, logprobs = self.sampler.sample(logits, sampling_chunks)
+        bitmask = self.structured.bitmask(sampling_chunks)  # None: no constrained row
+        token_ids, logprobs = self.sampler.sample(logits, sampling_chunks, bitmask)
         for chunk, token_id, token_logprobs in zip(
             sampling_chunks, token_ids, logprobs, strict=True
         ):
@@ -178,6 +187,62 @@ class ModelRunner:
             if token_logprobs is not None:
                 result.logprobs[chunk.request_id] = token_logprobs
         return result
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, chunks: list[ScheduledChunk]
+    ) -> dict[str, list[TokenLogprobs]]:
+        """Each chunk's prompt logprobs: at position p in [prompt_logprobs_start,
+        prompt_logprobs_end), prompt token p + 1 under log_softmax of the raw logits at p
+        (float32; no penalty, bias or temperature applies to a prompt), with its rank and the
+        chunk's top-k. Chunk c owns batch rows [query_start_c, query_start_c + n_c), position
+        p sitting at row query_start_c + p - start_position_c (as in build_lists)."""
+        rows: list[int] = []
+        targets: list[int] = []
+        tops: list[int] = []
+        query_start = 0
+        for chunk in chunks:
+            positions = range(chunk.prompt_logprobs_start, chunk.prompt_logprobs_end)
+            rows.extend(query_start + p - chunk.start_position for p in positions)
+            targets.extend(chunk.prompt_token_ids[p + 1] for p in positions)
+            tops.extend([chunk.sampling_params.prompt_logprobs or 0] * len(positions))
+            query_start += len(chunk.token_ids)
+        entries: list[TokenLogprobs] = []
+        for first in range(0, len(rows), LOGIT_ROWS_PER_PASS):
+            last = first + LOGIT_ROWS_PER_PASS
+            entries.extend(
+                self._logprob_entries(
+                    hidden[torch.tensor(rows[first:last])], targets[first:last], tops[first:last]
+                )
+            )
+        result: dict[str, list[TokenLogprobs]] = {}
+        first = 0
+        for chunk in chunks:
+            if chunk.num_prompt_logprob_rows:
+                result[chunk.request_id] = entries[first : first + chunk.num_prompt_logprob_rows]
+                first += chunk.num_prompt_logprob_rows
+        return result
+
+    def _logprob_entries(
+        self, hidden: torch.Tensor, targets: list[int], tops: list[int]
+    ) -> list[TokenLogprobs]:
+        """One LM-head pass: row i's logprob of targets[i], its rank, and its top tops[i]."""
+        logprobs = torch.log_softmax(self.model.compute_logits(hidden).float(), dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(targets)[:, None])
+        ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+        top_values, top_ids = torch.topk(logprobs, max(tops), dim=1)
+        top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
+        return [
+            TokenLogprobs(
+                token_id=token_id,
+                logprob=logprob,
+                top_token_ids=top_ids_list[i][: tops[i]],
+                top_logprobs=top_values_list[i][: tops[i]],
+                rank=ranks[i],
+            )
+            for i, (token_id, logprob) in enumerate(
+                zip(targets, chosen[:, 0].tolist(), strict=True)
+            )
+        ]
 
     def _maybe_inject_fault(self, output: SchedulerOutput) -> None:
         def holds(token_id: int | None) -> bool:

@@ -2,13 +2,18 @@
 
 Order of processing for a row: logit_bias -> min_tokens ban of EOS/stop ids -> repetition,
 presence and frequency penalties -> (logprobs are taken here, before temperature) ->
-greedy argmax, or temperature -> top-k -> top-p -> min-p -> draw.
+structured-output bitmask (-inf for tokens the row's grammar forbids) -> greedy argmax, or
+temperature -> top-k -> top-p -> min-p -> draw.
 
 The batch is split by what its rows need, and each part is done for all its rows at once:
   plain greedy rows   argmax of the model's own logits (the native kernel on bf16); they never
                       pay for the float32 copy, whatever shares the batch;
+  masked greedy rows  greedy rows with a structured output and nothing else to process: a
+                      copy of just these rows in the logits' dtype, their bitmask applied
+                      (sampling/token_bitmask.py), the native argmax (bf16 is exact);
   processed rows      one float32 copy of just these rows, processors scattered into it
-                      (sampling/logit_processors.py); greedy ones take its argmax;
+                      (sampling/logit_processors.py), a constrained row's bitmask applied;
+                      greedy ones take its argmax;
   sampled rows        temperature, softmax, truncation from the top candidates and an inverse
                       CDF draw (sampling/truncation.py).
 sampling/reference.py is the plain per-row definition all of this is tested against.
@@ -25,6 +30,7 @@ import os
 import torch
 
 from engine.sampling.logit_processors import needs_processing, processed_logits, token_logprobs
+from engine.sampling.token_bitmask import apply_token_bitmask
 from engine.sampling.truncation import choose, select_rows
 from scheduler.output import ScheduledChunk, TokenLogprobs
 
@@ -44,10 +50,15 @@ class Sampler:
             self.generators.pop(request_id, None)
 
     def sample(
-        self, logits: torch.Tensor, chunks: list[ScheduledChunk]
+        self,
+        logits: torch.Tensor,
+        chunks: list[ScheduledChunk],
+        bitmask: torch.Tensor | None = None,
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: [len(chunks), vocab] (any float dtype), row i belongs to chunks[i]."""
-        return sample_rows(logits, chunks, self._uniforms(chunks), self.kernels)
+        """logits: [len(chunks), vocab] (any float dtype), row i belongs to chunks[i];
+        bitmask: [len(chunks), ceil(vocab / 32)] int32 allowed tokens, read for the rows
+        with a structured_output (engine/structured_output.py builds it)."""
+        return sample_rows(logits, chunks, self._uniforms(chunks), self.kernels, bitmask)
 
     def _uniforms(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """[len(chunks)] float64 in [0, 1): one draw per sampled row, 0 for greedy rows."""
@@ -72,20 +83,34 @@ class Sampler:
 
 
 def sample_rows(
-    logits: torch.Tensor, chunks: list[ScheduledChunk], uniforms: torch.Tensor, kernels=None
+    logits: torch.Tensor,
+    chunks: list[ScheduledChunk],
+    uniforms: torch.Tensor,
+    kernels=None,
+    bitmask: torch.Tensor | None = None,
 ) -> tuple[list[int], list[TokenLogprobs | None]]:
     """Sampler.sample with the draws given: uniforms[i] (float64 in [0, 1)) is row i's."""
     processed = [row for row, chunk in enumerate(chunks) if needs_processing(chunk)]
-    if not processed:
+    masked = [] if bitmask is None else _masked_greedy_rows(chunks)
+    if not processed and not masked:
         return greedy_token_ids(logits, kernels).tolist(), [None] * len(chunks)
     token_ids = torch.empty(len(chunks), dtype=torch.long)
-    plain = sorted(set(range(len(chunks))) - set(processed))
+    plain = sorted(set(range(len(chunks))) - set(processed) - set(masked))
     if plain:
         token_ids[plain] = greedy_token_ids(select_rows(logits, plain), kernels)
+    if masked:
+        work = logits.index_select(0, torch.tensor(masked))  # a copy, in the logits' dtype
+        apply_token_bitmask(work, bitmask[masked], list(range(len(masked))))
+        token_ids[masked] = greedy_token_ids(work, kernels)
+    if not processed:
+        return token_ids.tolist(), [None] * len(chunks)
     sub = [chunks[row] for row in processed]
     work = processed_logits(logits, processed, sub)  # [P, V] float32, row j is processed[j]
     asking = [j for j, chunk in enumerate(sub) if chunk.sampling_params.logprobs is not None]
     logprobs = torch.log_softmax(select_rows(work, asking), dim=-1) if asking else None
+    constrained = [j for j, chunk in enumerate(sub) if chunk.sampling_params.structured_output]
+    if constrained and bitmask is not None:  # after logprobs: they show the model's choice
+        apply_token_bitmask(work, bitmask[processed], constrained)
     token_ids[processed] = _choose(work, sub, uniforms[processed], kernels)  # may scale work
     result = token_ids.tolist()
     per_row: list[TokenLogprobs | None] = [None] * len(chunks)
@@ -95,6 +120,15 @@ def sample_rows(
         for row, entry in zip(rows, token_logprobs(logprobs, [result[r] for r in rows], tops)):
             per_row[row] = entry
     return result, per_row
+
+
+def _masked_greedy_rows(chunks: list[ScheduledChunk]) -> list[int]:
+    """Greedy rows with a structured output and no other processing."""
+    return [
+        row
+        for row, chunk in enumerate(chunks)
+        if chunk.sampling_params.structured_output is not None and not needs_processing(chunk)
+    ]
 
 
 def _choose(

@@ -16,6 +16,15 @@ class ScheduledChunk:
     `samples` is True when the chunk reaches the end of the request's known tokens, so the
     runner must sample one next token for it (a mid-prompt prefill chunk samples nothing).
     prompt_token_ids / output_token_ids are read-only views for penalties and min_tokens.
+
+    Prompt logprobs (SamplingParams.prompt_logprobs): for each position p in
+    [prompt_logprobs_start, prompt_logprobs_end) the runner reports the logprob of prompt
+    token p + 1, from the logits at row p. The range lies inside the chunk and below the
+    prompt's last position (whose logits sample the first output token):
+        start_position <= prompt_logprobs_start <= prompt_logprobs_end
+                       <= min(context_len, num_prompt_tokens - 1)
+    It is empty for every other request, and for positions already reported before a
+    preemption (a recompute reports nothing twice).
     """
 
     request_id: str
@@ -28,6 +37,13 @@ class ScheduledChunk:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     eos_token_ids: frozenset[int] = frozenset()
+    prompt_logprobs_start: int = 0
+    prompt_logprobs_end: int = 0
+
+    @property
+    def num_prompt_logprob_rows(self) -> int:
+        """Rows whose logits the runner computes for prompt logprobs (beyond sampling)."""
+        return self.prompt_logprobs_end - self.prompt_logprobs_start
 
     @property
     def num_new_tokens(self) -> int:
@@ -81,20 +97,28 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class TokenLogprobs:
-    """Log-probability of the chosen token and the top alternatives (descending)."""
+    """Log-probability of the chosen token and the top alternatives (descending).
+
+    rank: the token's rank in the vocabulary (1 = most likely; 1 + the number of tokens
+    strictly more likely), set for prompt logprobs; None where it was not computed.
+    """
 
     token_id: int
     logprob: float
     top_token_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
+    rank: int | None = None
 
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """What the model runner returns: one sampled token per chunk with samples=True."""
+    """What the model runner returns: one sampled token per chunk with samples=True, and for
+    a chunk with prompt-logprob rows the logprobs of prompt tokens prompt_logprobs_start + 1
+    .. prompt_logprobs_end, in order."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +151,18 @@ class TokenEvent:
     """What a request's consumer receives after a step: new tokens, and the end when finished.
 
     new_token_ids is empty for a request that ended without a token (abort, error), and for a
-    progress event: a prefill chunk that sampled nothing, reported only to a request that
-    asked for progress (then `progress` is set and the event is not final).
+    prefill chunk that sampled nothing, reported only to a request that asked for progress
+    (then `progress` is set) or for prompt logprobs (then `prompt_logprobs` holds the chunk's);
+    such an event is not final.
+    prompt_logprobs: logprobs of the next prompt tokens this step computed, in prompt order
+    (tokens 1 .. num_prompt_tokens - 1 over the request's events, each once; token 0 has none).
     finish_reason is one of FINISH_REASONS' values, or None while running.
     """
 
     request_id: str
     new_token_ids: list[int]
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
     num_prompt_tokens: int = 0

@@ -15,6 +15,26 @@ class SamplingParamsError(ValueError):
 
 MAX_LOGPROBS = 20
 
+STRUCTURED_OUTPUT_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on a request's output, as plain data (compiled by the engine, cached by
+    (kind, spec)): kind is one of STRUCTURED_OUTPUT_KINDS; spec is a JSON schema's text
+    (json_schema), a regex, an EBNF grammar, a JSON list of strings (choice), or "" for
+    json_object (any JSON object)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        _check(
+            self.kind in STRUCTURED_OUTPUT_KINDS,
+            "response_format",
+            f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}",
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -34,10 +54,17 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None  # None = no logprobs; k = chosen token plus top-k alternatives
     logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token_id, bias) pairs
+    # None = no prompt logprobs; k = each prompt token's logprob (the first token's is not
+    # defined) plus the top-k alternatives at its position, computed from the raw logits during
+    # prefill. A request that asks computes its whole prompt: it takes no prefix-cache hit.
+    prompt_logprobs: int | None = None
     # Not sampling: ask update() for a ChunkProgress on every step of this request, and for a
     # progress event on prefill chunks that sample nothing (the streaming API's
     # stream_options.include_progress). Off, a request costs the scheduler nothing extra.
     report_progress: bool = False
+    # None = unconstrained; else only tokens the grammar allows are sampled (the sampler masks
+    # the row), and once the grammar is complete only EOS is.
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -72,6 +99,20 @@ class SamplingParams:
             "logprobs",
             f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
         )
+        _check(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+            "prompt_logprobs",
+            f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+        )
+        if self.structured_output is not None:
+            # A grammar that completes early leaves only EOS allowed: banning it (min_tokens)
+            # would leave no token at all, and ignoring it would run past the grammar's end.
+            for name in ("min_tokens", "ignore_eos"):
+                _check(
+                    not getattr(self, name),
+                    name,
+                    f"{name} cannot be combined with structured output (response_format)",
+                )
         for token_id in self.stop_token_ids:
             _check(token_id >= 0, "stop_token_ids", f"stop token id {token_id} is negative")
         for token_id, bias in self.logit_bias:

@@ -17,7 +17,9 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
 5. A step that preempted admits nobody: the blocks just freed would be fought over again.
 6. Admission is strictly head-of-line: if the head of the waiting queue cannot be admitted
    (budget, seq cap, blocks), nothing behind it is, so a long prompt is never starved.
-   A prefix-cache hit counts as computed; only the rest is charged to the budget.
+   A prefix-cache hit counts as computed; only the rest is charged to the budget. A request
+   that asks for prompt logprobs takes no hit (nor counts a lookup): cached positions would
+   have no logits (vLLM does the same); its blocks are still cached for others.
 7. Chunked prefill (`enable_chunked_prefill`): the rest of a prompt is cut to the budget left;
    with it off, a request is admitted only when its whole rest fits in the step.
 8. Requests that can never run fail (FINISHED_ERROR) instead of livelocking: one whose tokens
@@ -43,6 +45,7 @@ from scheduler.output import (
     ScheduledChunk,
     SchedulerOutput,
     TokenEvent,
+    TokenLogprobs,
 )
 from scheduler.request import Request, RequestStatus
 from scheduler.stop import check_stop
@@ -70,6 +73,10 @@ class Scheduler:
         self._running: list[Request] = []  # in policy order (rule 1); the tail is preempted
         self._finished_ids: list[str] = []  # since the last schedule()
         self._pending_events: list[TokenEvent] = []  # failures found in schedule()
+        # Requests that ask for prompt logprobs: positions below this have had their next
+        # prompt token's logprob reported. Kept across preemption, so a recompute reports
+        # nothing twice; dropped when the request finishes.
+        self._prompt_logprobs_reported: dict[str, int] = {}
         self._num_preemptions_total = 0
         self._num_steps = 0  # outputs that computed something: SchedulerOutput.step_index
         self._queried_seen = kv_cache.prefix_cache_queried_tokens
@@ -210,7 +217,7 @@ class Scheduler:
             request = self._waiting.peek()
             if request is None or self.kv_cache.num_free_blocks == 0:
                 return  # a hit is whole blocks and never the last token: 1 new block at least
-            computed = self.kv_cache.get_computed_blocks(request.token_ids)
+            computed = self._computed_blocks(request)
             num_new = request.num_tokens - computed.num_tokens
             if num_new > budget and not chunked:
                 if num_new <= self.config.max_num_batched_tokens:
@@ -231,6 +238,11 @@ class Scheduler:
             chunks.append(self._chunk(request, num_new))
             budget -= num_new
 
+    def _computed_blocks(self, request: Request) -> ComputedBlocks:
+        if request.sampling_params.prompt_logprobs is not None:
+            return ComputedBlocks()  # rule 6: every prompt position needs its logits
+        return self.kv_cache.get_computed_blocks(request.token_ids)
+
     def _admit(self, request: Request, computed: ComputedBlocks) -> None:
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = computed.num_tokens
@@ -245,6 +257,7 @@ class Scheduler:
     def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_new
+        prompt_logprob_positions = self._prompt_logprob_positions(request, start, end)
         return ScheduledChunk(
             request_id=request.request_id,
             token_ids=request.token_ids[start:end],
@@ -256,7 +269,19 @@ class Scheduler:
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             eos_token_ids=request.eos_token_ids,
+            prompt_logprobs_start=prompt_logprob_positions.start,
+            prompt_logprobs_end=prompt_logprob_positions.stop,
         )
+
+    def _prompt_logprob_positions(self, request: Request, start: int, end: int) -> range:
+        """Positions of the chunk [start, end) whose next prompt token's logprob is still to
+        be reported: [start, end) ∩ [reported, num_prompt_tokens - 1), or an empty range
+        inside [start, end] (always, for a request that does not ask)."""
+        if request.sampling_params.prompt_logprobs is None:
+            return range(start, start)
+        reported = self._prompt_logprobs_reported.get(request.request_id, 0)
+        first = min(max(start, reported), end)
+        return range(first, max(first, min(end, request.num_prompt_tokens - 1)))
 
     def _unfittable_error(self, request: Request) -> str:
         kv = self.kv_cache
@@ -281,7 +306,9 @@ class Scheduler:
         """Advance every scheduled request by its chunk, append sampled tokens, finish those
         that stop. Chunks of requests aborted since schedule() are skipped. A request with
         `report_progress` gets a ChunkProgress on each of its events, and a token-less
-        progress event for each chunk that samples nothing (others get neither)."""
+        progress event for each chunk that samples nothing (others get neither). A chunk with
+        prompt-logprob positions hands its prompt logprobs over on its event, a token-less
+        one for a chunk that samples nothing."""
         events, self._pending_events = self._pending_events, []
         now = self._clock()
         num_finished = 0
@@ -298,19 +325,31 @@ class Scheduler:
                 request.request_id, request.token_ids, request.num_computed_tokens
             )
             progress = chunk.sampling_params.report_progress and output.step_index is not None
+            prompt_logprobs = self._take_prompt_logprobs(chunk, runner_output)
             if chunk.samples:
                 event = self._append_token(request, runner_output, now)
                 num_finished += request.is_finished
-            elif progress:
-                event = self._event(request, None, None)  # a prefill chunk: progress only
+            elif progress or prompt_logprobs:
+                event = self._event(request, None, None)  # a prefill chunk: no token
             else:
                 continue
+            event.prompt_logprobs = prompt_logprobs
             if progress:
                 event.progress = self._progress(output, chunk, request, now)
             events.append(event)
         if num_finished:
             self._running = [request for request in self._running if not request.is_finished]
         return events
+
+    def _take_prompt_logprobs(
+        self, chunk: ScheduledChunk, runner_output: RunnerOutput
+    ) -> list[TokenLogprobs]:
+        """The chunk's prompt logprobs, its positions marked reported (before the request can
+        finish and drop its mark)."""
+        if not chunk.num_prompt_logprob_rows:
+            return []
+        self._prompt_logprobs_reported[chunk.request_id] = chunk.prompt_logprobs_end
+        return runner_output.prompt_logprobs.get(chunk.request_id, [])
 
     def _append_token(
         self, request: Request, runner_output: RunnerOutput, now: float
@@ -359,6 +398,7 @@ class Scheduler:
         request.error = error
         request.times.finished = self._clock()
         self.kv_cache.free(request.request_id)
+        self._prompt_logprobs_reported.pop(request.request_id, None)
         del self._requests[request.request_id]
         self._finished_ids.append(request.request_id)
 

@@ -7,7 +7,17 @@ Two guarantees, kept by `IncrementalDetokenizer`:
 - A stop string is never emitted, even when it spans several tokens. The last
   (longest stop - 1) characters are held back until more text shows they cannot start a
   stop string; on a match the text is cut where the stop string begins, and the token whose
-  text completed the match is the last one consumed.
+  text completed the match is the last one consumed. With include_stop_str_in_output the
+  text is cut where the stop string ends instead, and nothing is held back (vLLM's rule:
+  released text always ends before the end of any later match).
+
+Stop rules, as vLLM's: a stop string counts only when a token after the first `min_tokens`
+completes it (the text of those tokens may hold a stop string's start, never its whole); a
+request the engine finished on a stop token (EOS or a stop token id) does not show that
+token's text unless include_stop_str_in_output is set. A stop string that is exactly a
+special token's text (say "<|im_end|>", which skip_special_tokens hides from the text) is a
+stop token id for the engine (`special_stop_tokens`, server/sampling.py), and with
+include_stop_str_in_output its text is shown as the stop string.
 
 The text source is tokenizers' `DecodeStream` (one call into Rust per token) for a fast
 tokenizer, and a sliding window decoded twice per token through `tokenizer.decode` for a slow
@@ -22,6 +32,7 @@ and a non-streamed response built from the same tokens are identical.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -29,7 +40,7 @@ from tokenizers.decoders import DecodeStream
 
 from server.token_texts import TokenTexts, rust_tokenizer
 
-__all__ = ["IncrementalDetokenizer", "TokenTexts"]
+__all__ = ["IncrementalDetokenizer", "TextOptions", "TokenTexts", "special_stop_tokens"]
 
 # How many prompt tokens seed a text source, so the first output token decodes with the
 # leading space a SentencePiece tokenizer would otherwise drop.
@@ -43,27 +54,80 @@ _INVALID_PREFIX = "Invalid prefix"  # DecodeStream's error when decoded text is 
 Decode = Callable[[list[int]], str]
 
 
+@dataclass(frozen=True, slots=True)
+class TextOptions:
+    """How one API request's output text is made and cut (vLLM's field names)."""
+
+    stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+def special_stop_tokens(tokenizer: Any, stop: list[str] | tuple[str, ...]) -> dict[int, str]:
+    """token id -> stop string, for each stop string that is exactly a special token's text.
+
+    Decoding with skip_special_tokens drops such a token's text, so the string never shows
+    up to be matched; the engine stops on the token instead.
+    """
+    wanted = set(stop)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {
+        int(token_id): token.content
+        for token_id, token in added.items()
+        if getattr(token, "special", False) and token.content in wanted
+    }
+
+
 class IncrementalDetokenizer:
     """One request's output text: released text, held-back text, and the stop-string check.
 
     `num_tokens` counts the output tokens consumed: every token given to `add()` up to and
-    including the one whose text completed a stop string; after a stop, none.
+    including the one whose text completed a stop string (or the engine's stop token); after
+    a stop, none. Invariant: _released <= len(_text), and no stop string ends inside
+    _text[:_checked] past the first min_tokens tokens' text.
     """
 
     def __init__(
         self,
         tokenizer: Any,
         prompt_token_ids: list[int],
-        stop: list[str] | None = None,
+        stop: list[str] | tuple[str, ...] | None = None,
         skip_special_tokens: bool = True,
+        *,
+        min_tokens: int = 0,
+        include_stop_str_in_output: bool = False,
     ) -> None:
         self._source = _text_source(tokenizer, prompt_token_ids, skip_special_tokens)
         self._stop = [s for s in (stop or []) if s]
-        self._holdback = max((len(s) for s in self._stop), default=1) - 1
+        self._min_tokens = min_tokens
+        self._include_stop = include_stop_str_in_output
+        longest = max((len(s) for s in self._stop), default=1)
+        self._holdback = 0 if include_stop_str_in_output else longest - 1
+        # A stop token's text when shown: the special tokens skip_special_tokens would hide.
+        self._stop_token_texts = (
+            special_stop_tokens(tokenizer, self._stop)
+            if include_stop_str_in_output and skip_special_tokens
+            else {}
+        )
         self._text = ""  # decoded output text (complete characters only), cut at a stop
+        self._checked = 0  # no new match can end inside _text[:_checked]
         self._released = 0  # len of _text handed out so far
         self.num_tokens = 0  # output tokens consumed
         self.stop_matched: str | None = None
+
+    @classmethod
+    def for_options(
+        cls, tokenizer: Any, prompt_token_ids: list[int], options: TextOptions
+    ) -> IncrementalDetokenizer:
+        return cls(
+            tokenizer,
+            prompt_token_ids,
+            options.stop,
+            options.skip_special_tokens,
+            min_tokens=options.min_tokens,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+        )
 
     @property
     def text(self) -> str:
@@ -74,16 +138,30 @@ class IncrementalDetokenizer:
     def stopped(self) -> bool:
         return self.stop_matched is not None
 
-    def add(self, token_ids: list[int]) -> str:
-        """Consume new output tokens; return the text that may be shown now."""
+    def add(self, token_ids: list[int], ends_in_stop_token: bool = False) -> str:
+        """Consume new output tokens; return the text that may be shown now.
+
+        `ends_in_stop_token`: the engine finished the request on the last of `token_ids` (EOS
+        or a stop token id). That token is consumed, but its text is shown only with
+        include_stop_str_in_output (as vLLM). `finish()` follows.
+        """
         if self.stopped:
             return ""
-        for token_id in token_ids:
+        last = len(token_ids) - 1
+        for i, token_id in enumerate(token_ids):
             self.num_tokens += 1
+            if ends_in_stop_token and i == last:
+                if self._include_stop:
+                    self._append(self._stop_token_text(token_id))
+                break
             self._append(self._source.step(token_id))
             if self.stopped:
                 break
         return self._release(final=False)
+
+    def _stop_token_text(self, token_id: int) -> str:
+        text = self._stop_token_texts.get(token_id)
+        return text if text is not None else self._source.step(token_id)
 
     def finish(self) -> str:
         """The request ended: release held-back text, incomplete characters included."""
@@ -95,10 +173,12 @@ class IncrementalDetokenizer:
     def _append(self, piece: str) -> None:
         if not piece:
             return
-        searched = len(self._text)  # _text[:searched] holds no stop string
         self._text += piece
-        if self._stop:
-            self._cut_at_stop(max(0, searched - self._holdback))
+        # Text of the first min_tokens tokens is passed over: a match must end after it.
+        if self._stop and self.num_tokens > self._min_tokens:
+            self._cut_at_stop()
+        if not self.stopped:
+            self._checked = len(self._text)
 
     def _release(self, final: bool) -> str:
         end = len(self._text)
@@ -108,16 +188,18 @@ class IncrementalDetokenizer:
         self._released = end
         return piece
 
-    def _cut_at_stop(self, start: int) -> None:
-        # A new match ends past the searched text, so it starts at or after `start`.
+    def _cut_at_stop(self) -> None:
+        # A new match ends past _checked, so it starts at or after _checked - len(stop) + 1.
+        # The earliest start wins.
         best: tuple[int, str] | None = None
         for stop in self._stop:
-            index = self._text.find(stop, start)
+            index = self._text.find(stop, max(0, self._checked - len(stop) + 1))
             if index >= 0 and (best is None or index < best[0]):
                 best = (index, stop)
         if best is not None:
-            self._text = self._text[: best[0]]
-            self.stop_matched = best[1]
+            index, stop = best
+            self._text = self._text[: index + len(stop) if self._include_stop else index]
+            self.stop_matched = stop
 
 
 class _StreamSource:

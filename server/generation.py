@@ -7,7 +7,9 @@ Choice index i belongs to prompt i // n. A choice ends when the engine finishes 
 a stop string matches; then its engine request is finished as stopped (freeing its blocks)
 and its final event (timings, cost) still arrives for `usage`. Every token that goes into
 the response is reported to the client as delivered, so the bill and the counters count
-exactly what the client got.
+exactly what the client got: an event's tokens past the one that completed a stop string
+are dropped (token ids and logprobs alike), and the engine's stop token (EOS or a stop
+token id) counts, though its text shows only with include_stop_str_in_output.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from scheduler.output import ChunkProgress, TokenEvent, TokenLogprobs
-from server.detokenizer import IncrementalDetokenizer
+from server.detokenizer import IncrementalDetokenizer, TextOptions
 from server.engine_client import EngineClient
 from server.errors import OpenAIError
 from server.protocol import PromptTokensDetails, StreamProgress, Usage
@@ -60,6 +62,9 @@ class ChoiceState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     text_offsets: list[int] = field(default_factory=list)
+    # Logprobs of prompt tokens 1.. (SamplingParams.prompt_logprobs), complete before the
+    # choice's first token arrives: the step that samples it computes the prompt's end.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -75,7 +80,7 @@ class Generation:
         group: RequestGroup,
         prompts: list[list[int]],
         n: int,
-        stop: list[str],
+        text: TextOptions,
     ) -> None:
         self.client = client
         self.group = group
@@ -85,7 +90,9 @@ class Generation:
             ChoiceState(
                 index=i,
                 request_id=spec.request_id,
-                detokenizer=IncrementalDetokenizer(client.tokenizer, prompts[i // n], stop),
+                detokenizer=IncrementalDetokenizer.for_options(
+                    client.tokenizer, prompts[i // n], text
+                ),
             )
             for i, spec in enumerate(group.specs)
         ]
@@ -110,14 +117,19 @@ class Generation:
             return None  # stopped by a stop string; this is the abort's acknowledgement
         if event.finish_reason in ("error", "abort"):
             self._fail(choice, event)
+        choice.prompt_logprobs.extend(event.prompt_logprobs)
         offset = len(choice.detokenizer.text)
         consumed = choice.detokenizer.num_tokens
-        text = choice.detokenizer.add(event.new_token_ids)
-        self.client.deliver(self.group, choice.index, choice.detokenizer.num_tokens - consumed)
-        n_new = len(event.new_token_ids)
-        choice.token_ids.extend(event.new_token_ids)
-        choice.logprobs.extend(event.logprobs)
-        offsets = [offset] * len(event.logprobs)
+        # finish_reason "stop" from the engine: its last token is EOS or a stop token id.
+        on_stop_token = event.finished and event.finish_reason == "stop"
+        text = choice.detokenizer.add(event.new_token_ids, ends_in_stop_token=on_stop_token)
+        n_new = choice.detokenizer.num_tokens - consumed
+        self.client.deliver(self.group, choice.index, n_new)
+        new_token_ids = list(event.new_token_ids[:n_new])
+        new_logprobs = list(event.logprobs[:n_new])
+        choice.token_ids.extend(new_token_ids)
+        choice.logprobs.extend(new_logprobs)
+        offsets = [offset] * len(new_logprobs)
         choice.text_offsets.extend(offsets)
         if choice.detokenizer.stopped:
             self._finish(choice, "stop")
@@ -131,8 +143,8 @@ class Generation:
         return ChoiceUpdate(
             choice.index,
             text,
-            list(event.new_token_ids),
-            list(event.logprobs),
+            new_token_ids,
+            new_logprobs,
             offsets,
             choice.finish_reason,
             event.progress,

@@ -35,7 +35,6 @@ CHAT_REFUSED: Mapping[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (None, True, False),  # meaningless without tools
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "audio": _NOT_SET,
     "modalities": (None, ["text"]),
     "prediction": _NOT_SET,
@@ -52,7 +51,7 @@ CHAT_HONOURED = frozenset(
     {
         "messages", "model", "frequency_penalty", "logit_bias", "logprobs",
         "max_completion_tokens", "max_tokens", "n", "presence_penalty", "seed", "stop",
-        "stream", "stream_options", "temperature", "top_logprobs", "top_p",
+        "stream", "stream_options", "temperature", "top_logprobs", "top_p", "response_format",
     }
 )  # fmt: skip
 COMPLETIONS_HONOURED = frozenset(

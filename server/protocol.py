@@ -45,6 +45,33 @@ class StreamOptions(_Request):
     include_progress: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    """OpenAI's response_format.json_schema; the schema is always enforced (strict or not)."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(_Request):
+    """vLLM's structured_outputs: exactly one constraint. Options of vLLM's we do not model
+    are a 400 here (extra="forbid"), not dropped."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -65,8 +92,16 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    # vLLM's text extensions (server/detokenizer.py): show the matched stop string, and keep
+    # or drop special tokens' text.
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     priority: int = 0  # vLLM's extension: lower runs first (--scheduling-policy priority)
     logit_bias: dict[str, float] | None = None
+    # Structured outputs (server/sampling.py structured_output_of): OpenAI's response_format,
+    # or vLLM's structured_outputs extension; at most one of them.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -92,6 +127,9 @@ class CompletionRequest(SamplingFields):
     prompt: PromptInput
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    # vLLM's extension: each prompt token's logprob and the top-k at its position, returned
+    # in the choice's `prompt_logprobs` (docs/api.md). Not with stream, as in vLLM.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     def check_fields(self) -> None:
         check_extra_fields(self.model_extra, COMPLETIONS_REFUSED, "the request")
@@ -199,11 +237,29 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob: a token's logprob at one prompt position, its rank in the vocabulary
+    (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's `prompt_logprobs` of a choice: one entry per prompt token, null for the first (it has
+# no context), then {token id: PromptLogprob} for the prompt token and the top-k at its
+# position. Present only when the request asked for it.
+PromptLogprobsField = Annotated[
+    list[dict[int, PromptLogprob] | None] | None, Field(exclude_if=_unset)
+]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobsField = None
 
 
 class CompletionResponse(BaseModel):

@@ -6,7 +6,12 @@ can turn any request into engine requests in a few lines.
 
 from __future__ import annotations
 
-from scheduler.sampling_params import SamplingParams, SamplingParamsError
+import json
+from typing import Any
+
+from engine.structured_output import StructuredOutputError, grammar_of
+from scheduler.sampling_params import SamplingParams, SamplingParamsError, StructuredOutput
+from server.detokenizer import TextOptions, special_stop_tokens
 from server.errors import OpenAIError, bad_request
 from server.protocol import SamplingFields
 
@@ -66,11 +71,21 @@ def build_sampling_params(
     logprobs: int | None,
     vocab_size: int,
     choice_index: int,
+    tokenizer: Any = None,
+    prompt_logprobs: int | None = None,
+    structured_output: StructuredOutput | None = None,
 ) -> SamplingParams:
     """The engine's params for one choice. Choice i of a seeded request samples with seed+i,
-    so n choices differ while the whole response stays reproducible."""
+    so n choices differ while the whole response stays reproducible.
+
+    A stop string that is exactly a special token's text ("<|im_end|>") also stops on that
+    token's id: skip_special_tokens keeps the text from ever showing it, and as a stop id the
+    engine holds it back until min_tokens like EOS (given `tokenizer`)."""
     stop_token_ids = tuple(body.stop_token_ids or ())
     check_token_ids(list(stop_token_ids), vocab_size, "stop_token_ids")
+    if tokenizer is not None:
+        special = special_stop_tokens(tokenizer, body.stop_strings)
+        stop_token_ids += tuple(sorted(set(special) - set(stop_token_ids)))
     seed = None if body.seed is None else body.seed + choice_index
     try:
         return SamplingParams(
@@ -87,11 +102,80 @@ def build_sampling_params(
             ignore_eos=body.ignore_eos,
             seed=seed,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             logit_bias=parse_logit_bias(body.logit_bias, vocab_size),
             report_progress=body.include_progress,
+            structured_output=structured_output,
         )
     except SamplingParamsError as exc:
         raise bad_request(str(exc), param=exc.param) from None
+
+
+def structured_output_of(body: SamplingFields) -> StructuredOutput | None:
+    """The request's constraint (response_format, or vLLM's structured_outputs), checked to
+    compile: a grammar xgrammar refuses is a 400 naming the problem, before anything runs."""
+    fmt, vllm = body.response_format, body.structured_outputs
+    param = "response_format"
+    constraint = None
+    if fmt is not None and fmt.type == "json_object":
+        constraint = StructuredOutput("json_object")
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise bad_request(
+                "response_format of type json_schema needs json_schema.schema", param=param
+            )
+        constraint = StructuredOutput("json_schema", json.dumps(fmt.json_schema.schema_))
+    if vllm is not None:
+        if constraint is not None:
+            raise bad_request("give response_format or structured_outputs, not both", param=param)
+        param = "structured_outputs"
+        constraint = _vllm_constraint(vllm)
+    if constraint is not None:
+        try:
+            grammar_of(constraint)
+        except StructuredOutputError as exc:
+            raise bad_request(f"invalid {param}: {exc}", param=param) from None
+    return constraint
+
+
+def _vllm_constraint(params: Any) -> StructuredOutput:
+    """Exactly one of vLLM's json, regex, choice, grammar, json_object."""
+    given = {
+        name: value
+        for name, value in (
+            ("json", params.json_),
+            ("regex", params.regex),
+            ("choice", params.choice),
+            ("grammar", params.grammar),
+            ("json_object", params.json_object or None),
+        )
+        if value is not None
+    }
+    if len(given) != 1:
+        raise bad_request(
+            "structured_outputs needs exactly one of json, regex, choice, grammar, json_object "
+            f"(got {', '.join(sorted(given)) or 'none'})",
+            param="structured_outputs",
+        )
+    [(name, value)] = given.items()
+    if name == "json":
+        spec = value if isinstance(value, str) else json.dumps(value)
+        return StructuredOutput("json_schema", spec)
+    if name == "choice":
+        return StructuredOutput("choice", json.dumps(value))
+    if name == "json_object":
+        return StructuredOutput("json_object")
+    return StructuredOutput(name, value)
+
+
+def text_options(body: SamplingFields, stop: list[str]) -> TextOptions:
+    """How the choices' text is made: stop strings (checked) and vLLM's text options."""
+    return TextOptions(
+        stop=tuple(stop),
+        min_tokens=body.min_tokens,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+    )
 
 
 def _top_k(value: int | None) -> int:

@@ -9,22 +9,30 @@ per new token and per layer
     output projection  2 * q_dim * hidden                       starting at s attends s+i+1)
     gated MLP          2 * 3 * hidden * intermediate
 
-plus the LM head, 2 * hidden * vocab, once for each chunk that samples (only its last row
-produces logits). A multiply-add counts as 2 FLOPs. Norms, rotary embeddings, softmax and
-activations are elementwise and left out: they are < 1% of the matmuls for these models.
+plus the LM head, 2 * hidden * vocab, once per row that produces logits: the last row of each
+chunk that samples, and each prompt-logprob row (SamplingParams.prompt_logprobs: the rows of
+a prefill chunk whose next prompt token's logprob is reported). A multiply-add counts as 2
+FLOPs. Norms, rotary embeddings, softmax and activations are elementwise and left out: they
+are < 1% of the matmuls for these models.
 
 Bytes moved per step: every weight matrix is read once per step however many tokens share
 it (that is what batching buys), in the format the kernel that runs it reads (WeightBytes:
 a GGUF model's Q4_1/Q8_0 blocks for matvecs of a few rows, bf16 matrices for larger
 batches), plus each chunk's KV read over its context and KV written for its new tokens, plus
-one embedding row per new token. Activations are not counted: they stay in cache for the
-batch sizes served here.
+one embedding row per new token. Prompt-logprob rows run the LM head in passes of their own
+(at most LOGIT_ROWS_PER_PASS rows each, apart from the sampling rows' pass), each reading the
+head's weights once more. Activations are not counted: they stay in cache for the batch sizes
+served here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+
+# Prompt-logprob rows go through the LM head (and a float32 log-softmax) this many at a time,
+# which bounds the logits held at once; each such pass reads the head's weights.
+LOGIT_ROWS_PER_PASS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +149,20 @@ class ChunkWork:
     """One request's share of a step, as the cost model sees it.
 
     context_len = tokens in the KV cache after the chunk = start_position + num_new_tokens.
+    num_prompt_logprob_rows = rows whose logits are computed for prompt logprobs, beyond the
+    sampling row (ScheduledChunk.num_prompt_logprob_rows).
     """
 
     num_new_tokens: int
     context_len: int
     samples: bool
     is_decode: bool
+    num_prompt_logprob_rows: int = 0
+
+    @property
+    def num_logit_rows(self) -> int:
+        """Rows that run through the LM head: the sampling row, plus prompt-logprob rows."""
+        return int(self.samples) + self.num_prompt_logprob_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,24 +207,28 @@ class CostModel:
         # Token i (0-based) of the chunk attends start + i + 1 positions; summed over i:
         attended_pairs = n * start + n * (n + 1) // 2
         flops = n * self._dense_flops_per_token + attended_pairs * self._attention_flops_per_pair
-        if chunk.samples:
-            flops += self._lm_head_flops
+        flops += chunk.num_logit_rows * self._lm_head_flops
         return float(flops)
 
     def step_cost(self, chunks: list[ChunkWork]) -> StepCost:
         """FLOPs and bytes of one step. The body's weight bytes are split between chunks by
-        new-token share, the LM head's equally between the chunks that sample."""
+        new-token share, the sampling pass's LM head equally between the chunks that sample,
+        the prompt-logprob passes' by prompt-logprob row share."""
         flops = [self.chunk_flops(chunk) for chunk in chunks]
         num_tokens = sum(chunk.num_new_tokens for chunk in chunks)
         num_sampling = sum(1 for chunk in chunks if chunk.samples)
+        num_prompt_rows = sum(chunk.num_prompt_logprob_rows for chunk in chunks)
         weights = self.weight_bytes
         body, head = weights.body(num_tokens), weights.head(num_sampling)
+        prompt_head = self._prompt_logprob_head_bytes(num_prompt_rows)
         kv_per_token = self.shape.kv_bytes_per_token
         num_bytes = []
         for chunk in chunks:
             share = body * chunk.num_new_tokens / num_tokens if num_tokens else 0.0
             if chunk.samples:
                 share += head / num_sampling
+            if chunk.num_prompt_logprob_rows:
+                share += prompt_head * chunk.num_prompt_logprob_rows / num_prompt_rows
             kv_read = chunk.context_len * kv_per_token
             kv_written = chunk.num_new_tokens * kv_per_token
             embedding = chunk.num_new_tokens * weights.embedding_row
@@ -221,6 +241,12 @@ class CostModel:
             chunk_flops=flops,
             chunk_bytes=num_bytes,
         )
+
+    def _prompt_logprob_head_bytes(self, num_rows: int) -> float:
+        """LM-head weight bytes of the passes over `num_rows` prompt-logprob rows."""
+        full, rest = divmod(num_rows, LOGIT_ROWS_PER_PASS)
+        head = self.weight_bytes.head
+        return full * head(LOGIT_ROWS_PER_PASS) + head(rest)
 
 
 def _total(values: Any) -> float:

@@ -14,15 +14,18 @@ from scheduler.sampling_params import SamplingParams
 
 
 def reference_sample(
-    row: torch.Tensor, chunk: ScheduledChunk, uniform: float
+    row: torch.Tensor, chunk: ScheduledChunk, uniform: float, bitmask: torch.Tensor | None = None
 ) -> tuple[int, TokenLogprobs | None]:
-    """The token (and logprobs, when asked) of one row; uniform is ignored by greedy rows."""
+    """The token (and logprobs, when asked) of one row; uniform is ignored by greedy rows.
+    bitmask: the row's allowed tokens (structured output), applied after logprobs are taken,
+    so logprobs are the model's processed distribution, not the grammar's."""
     params = chunk.sampling_params
     logits = reference_logits(row, chunk)
+    allowed = logits if bitmask is None else reference_token_bitmask(logits, bitmask)
     if params.greedy:
-        token_id = int(logits.argmax())
+        token_id = int(allowed.argmax())
     else:
-        token_id = reference_draw(reference_probs(logits, params), uniform)
+        token_id = reference_draw(reference_probs(allowed, params), uniform)
     if params.logprobs is None:
         return token_id, None
     logprobs = torch.log_softmax(logits, dim=-1)
@@ -58,6 +61,15 @@ def reference_logits(row: torch.Tensor, chunk: ScheduledChunk) -> torch.Tensor:
             torch.float32
         )
     return logits
+
+
+def reference_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of one row of logits [V] with -inf where bitmask ([W] int32, xgrammar's layout)
+    has token v's bit (bit v % 32 of word v // 32) clear."""
+    token_ids = torch.arange(logits.shape[0])
+    words = bitmask.to(torch.int64)[token_ids // 32]  # int64: the sign bit is bit 31
+    allowed = (words >> (token_ids % 32)) & 1 == 1
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -43,6 +43,8 @@ from server.sampling import (
     check_priority,
     check_stop_strings,
     resolve_max_tokens,
+    structured_output_of,
+    text_options,
 )
 from server.streaming import sse_event
 
@@ -58,6 +60,7 @@ async def create_chat_completion(request: Request) -> Response:
     model = check_model(body.model, served_model_names(request))
     stop = check_stop_strings(body.stop_strings)
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
+    structured_output = structured_output_of(body)  # 400 when it does not compile
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -83,13 +86,15 @@ async def create_chat_completion(request: Request) -> Response:
                 logprobs=num_logprobs,
                 vocab_size=client.vocab_size,
                 choice_index=j,
+                tokenizer=client.tokenizer,
+                structured_output=structured_output,
             ),
             priority=priority,
         )
         for j in range(body.n)
     ]
     group = client.submit(specs, billing_account(request))
-    generation = Generation(client, group, [prompt], body.n, stop)
+    generation = Generation(client, group, [prompt], body.n, text_options(body, stop))
     builder = _ChatBuilder(request_id, model, generation, token_texts(request), num_logprobs)
     return await respond(
         request, client, group, generation, builder, body.stream, body.include_usage

@@ -13,12 +13,13 @@ from server.body import parse_request
 from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import bad_request
-from server.generation import Generation
+from server.generation import ChoiceState, Generation
 from server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    PromptLogprob,
     StreamProgress,
 )
 from server.request_group import EngineRequestSpec
@@ -40,6 +41,8 @@ from server.sampling import (
     check_stop_strings,
     check_token_ids,
     resolve_max_tokens,
+    structured_output_of,
+    text_options,
 )
 from server.streaming import sse_event
 
@@ -61,10 +64,15 @@ async def create_completion(request: Request) -> Response:
     )
     client = ready_client(request)
     model = check_model(body.model, served_model_names(request))
-    if body.echo and body.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported", param="echo")
+    if body.prompt_logprobs is not None and body.stream:
+        raise bad_request(
+            "prompt_logprobs is not available with stream (as in vLLM); echo with logprobs "
+            "streams the prompt's logprobs",
+            param="prompt_logprobs",
+        )
     stop = check_stop_strings(body.stop_strings)
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
+    structured_output = structured_output_of(body)  # 400 when it does not compile
     prompts = await tokenize_prompts(body.prompt, client)
     request_id = new_id("cmpl")
     specs: list[EngineRequestSpec] = []
@@ -83,21 +91,40 @@ async def create_completion(request: Request) -> Response:
                 logprobs=body.logprobs,
                 vocab_size=client.vocab_size,
                 choice_index=j,
+                tokenizer=client.tokenizer,
+                prompt_logprobs=_num_prompt_logprobs(body),
+                structured_output=structured_output,
             )
             specs.append(
                 EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index, priority)
             )
     group = client.submit(specs, billing_account(request))
-    generation = Generation(client, group, prompts, body.n, stop)
+    generation = Generation(client, group, prompts, body.n, text_options(body, stop))
     echo_texts = (
         [_echo_text(body.prompt, prompts, i, client) for i in range(len(prompts))]
         if body.echo
         else None
     )
-    stream = _Stream(request_id, model, generation, token_texts(request), echo_texts, body.logprobs)
+    stream = _Stream(
+        request_id,
+        model,
+        generation,
+        token_texts(request),
+        echo_texts,
+        body.logprobs,
+        body.prompt_logprobs,
+    )
     return await respond(
         request, client, group, generation, stream, body.stream, body.include_usage
     )
+
+
+def _num_prompt_logprobs(body: CompletionRequest) -> int | None:
+    """The top-k the engine computes at each prompt position: echo with logprobs shows the
+    prompt's logprobs (k = logprobs), vLLM's prompt_logprobs asks its own k; None = neither."""
+    asked = [body.logprobs if body.echo else None, body.prompt_logprobs]
+    counts = [k for k in asked if k is not None]
+    return max(counts) if counts else None
 
 
 async def tokenize_prompts(prompt: str | list, client: EngineClient) -> list[list[int]]:
@@ -155,7 +182,13 @@ def _echo_text(
 
 
 class _Stream:
-    """Builds the completions chunks and the final response from one Generation."""
+    """Builds the completions chunks and the final response from one Generation.
+
+    Echo with logprobs: the choice's logprobs cover the prompt's tokens, then the completion's;
+    the first prompt token has no logprob (null, with null top_logprobs, as OpenAI returns it).
+    Streamed, a choice's echo chunk carries the prompt's part, so it is sent when the prompt's
+    logprobs are in: with the choice's first token.
+    """
 
     def __init__(
         self,
@@ -165,6 +198,7 @@ class _Stream:
         texts: TokenTexts,
         echo_texts: list[str] | None,
         num_logprobs: int | None,
+        num_prompt_logprobs: int | None,
     ) -> None:
         self.request_id = request_id
         self.model = model
@@ -172,14 +206,20 @@ class _Stream:
         self.texts = texts
         self.echo_texts = echo_texts
         self.num_logprobs = num_logprobs
+        self.num_prompt_logprobs = num_prompt_logprobs
+        self.echo_logprobs = echo_texts is not None and num_logprobs is not None
         self.created = unix_time()
 
     def _echo(self, index: int) -> str:
         return self.echo_texts[index // self.generation.n] if self.echo_texts else ""
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        unechoed: set[int] = set()  # choices whose echo waits for the prompt's logprobs
         if self.echo_texts:
             for state in self.generation.choices:
+                if self.echo_logprobs:
+                    unechoed.add(state.index)
+                    continue
                 echo = CompletionChoice(index=state.index, text=self._echo(state.index))
                 yield sse_event(self._chunk([echo]))
         async for update in self.generation.updates():
@@ -187,6 +227,15 @@ class _Stream:
             if update.progress_only:  # a prefill chunk that produced no token
                 yield sse_event(self._chunk([], progress))
                 continue
+            if update.index in unechoed:
+                unechoed.discard(update.index)
+                state = self.generation.choices[update.index]
+                echo = CompletionChoice(
+                    index=update.index,
+                    text=self._echo(update.index),
+                    logprobs=self._echo_logprobs(state),
+                )
+                yield sse_event(self._chunk([echo]))
             logprobs = None
             if self.num_logprobs is not None:
                 offsets = [o + len(self._echo(update.index)) for o in update.text_offsets]
@@ -223,12 +272,15 @@ class _Stream:
                 logprobs = self._logprobs(
                     choice.logprobs, [o + len(echo) for o in choice.text_offsets]
                 )
+                if self.echo_logprobs:
+                    logprobs = _joined(self._echo_logprobs(choice), logprobs)
             choices.append(
                 CompletionChoice(
                     index=choice.index,
                     text=echo + choice.detokenizer.text,
                     logprobs=logprobs,
                     finish_reason=choice.finish_reason,
+                    prompt_logprobs=self._vllm_prompt_logprobs(choice),
                 )
             )
         return CompletionResponse(
@@ -250,3 +302,58 @@ class _Stream:
             ],
             text_offset=offsets,
         )
+
+    def _prompt(self, choice: ChoiceState) -> list[int]:
+        return self.generation.prompts[choice.index // self.generation.n]
+
+    def _echo_logprobs(self, choice: ChoiceState) -> CompletionLogprobs:
+        """The echoed prompt's part of `logprobs`: one entry per prompt token, the first null.
+        text_offset counts the characters of the tokens before (a token's characters are its
+        bytes that start one), so offsets line up with the echo of the prompt's decoded text."""
+        texts = self.texts
+        prompt = self._prompt(choice)
+        offsets, num_chars = [], 0
+        for token_id in prompt:
+            offsets.append(num_chars)
+            num_chars += sum(1 for b in texts.bytes(token_id) if b & 0xC0 != 0x80)
+        k = self.num_logprobs or 0
+        entries = choice.prompt_logprobs
+        return CompletionLogprobs(
+            tokens=[texts.text(t) for t in prompt],
+            token_logprobs=[None, *(e.logprob for e in entries)],
+            top_logprobs=[
+                None,
+                *(
+                    {texts.text(t): lp for t, lp in zip(e.top_token_ids[:k], e.top_logprobs[:k])}
+                    for e in entries
+                ),
+            ],
+            text_offset=offsets,
+        )
+
+    def _vllm_prompt_logprobs(
+        self, choice: ChoiceState
+    ) -> list[dict[int, PromptLogprob] | None] | None:
+        """vLLM's `prompt_logprobs`: null for the first prompt token, then for each later one
+        {its id: its logprob and rank, and the top-k ids at its position: theirs}."""
+        k = self.num_prompt_logprobs
+        if k is None:
+            return None
+        text = self.texts.text
+        result: list[dict[int, PromptLogprob] | None] = [None]
+        for e in choice.prompt_logprobs:
+            chosen = PromptLogprob(logprob=e.logprob, rank=e.rank, decoded_token=text(e.token_id))
+            position = {e.token_id: chosen}
+            for rank, (t, lp) in enumerate(zip(e.top_token_ids[:k], e.top_logprobs[:k]), 1):
+                position.setdefault(t, PromptLogprob(logprob=lp, rank=rank, decoded_token=text(t)))
+            result.append(position)
+        return result
+
+
+def _joined(first: CompletionLogprobs, then: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=first.tokens + then.tokens,
+        token_logprobs=first.token_logprobs + then.token_logprobs,
+        top_logprobs=first.top_logprobs + then.top_logprobs,
+        text_offset=first.text_offset + then.text_offset,
+    )

@@ -131,9 +131,14 @@ BAD_CASES = [
         "tools",
     ),
     (
-        "response-format-json-refused",
+        "response-format-schema-does-not-compile",
         CHAT,
-        chat(response_format={"type": "json_object"}),
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"type": "object", "properties": 3}},
+            }
+        ),
         None,
         400,
         "response_format",

@@ -13,7 +13,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from engine.loader import load_checkpoint
-from server.detokenizer import IncrementalDetokenizer, _StreamSource, _WindowSource
+from server.detokenizer import (
+    IncrementalDetokenizer,
+    _StreamSource,
+    _WindowSource,
+    special_stop_tokens,
+)
 
 TEXT = "Hello 世界 🎉 naïve café, the END is near. Ünïcødé → ✓ done"
 PROMPT = [1, 4093, 198]  # <|im_start|>user\n
@@ -323,3 +328,140 @@ def test_empty_prompt_and_empty_add(tokenizer):
     assert detok.add([]) == "" and detok.num_tokens == 0
     ids = tokenizer.encode("Hi 🎉", add_special_tokens=False)
     assert "".join(feed(detok, ids)) == "Hi 🎉"
+
+
+# ---- vLLM's stop rules: min_tokens, include_stop_str_in_output, the engine's stop token ----
+
+
+def completing_token(tokenizer, ids: list[int], stop: str, after: int = 0) -> int:
+    """The 0-based index of the first token whose text completes a match of `stop` that ends
+    past the text of ids[:after]."""
+    floor = len(tokenizer.decode(ids[:after]))
+    for k in range(after, len(ids)):
+        text = tokenizer.decode(ids[: k + 1])
+        index = text.find(stop, max(0, floor - len(stop) + 1))
+        if index >= 0:
+            return k
+    raise AssertionError(f"{stop!r} never completes")
+
+
+def test_min_tokens_passes_over_stop_strings_in_the_first_tokens(tokenizer):
+    text = "alpha beta gamma beta delta epsilon"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    first = completing_token(tokenizer, ids, "beta")
+    # A stop string completed by token min_tokens + 1 counts (vLLM) ...
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=["beta"], min_tokens=first)
+    assert "".join(feed(detok, ids)) == "alpha " and detok.num_tokens == first + 1
+    # ... one completed within the first min_tokens tokens does not: the second one stops.
+    second = completing_token(tokenizer, ids, "beta", after=first + 1)
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=["beta"], min_tokens=first + 1)
+    pieces = feed(detok, ids)
+    assert "".join(pieces) == detok.text == "alpha beta gamma "
+    assert detok.stop_matched == "beta" and detok.num_tokens == second + 1
+    # The count is exact when every token arrives in one event, too.
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=["beta"], min_tokens=first + 1)
+    assert detok.add(ids) == "alpha beta gamma " and detok.num_tokens == second + 1
+
+
+def test_min_tokens_longer_than_the_output_never_stops(tokenizer):
+    text = "alpha beta gamma"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=["beta"], min_tokens=len(ids))
+    pieces = feed(detok, ids)
+    assert "".join(pieces) == text and not detok.stopped and detok.num_tokens == len(ids)
+
+
+def test_a_stop_string_may_start_in_the_min_tokens_text(tokenizer):
+    text = "The quick brown fox jumps over the lazy dog and keeps running far away."
+    stop = stop_across_boundary(tokenizer, text)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    completes = completing_token(tokenizer, ids, stop)
+    # Tokens up to the one before the completing token are the min_tokens: the match starts
+    # in their text and ends in the next token's, so it counts.
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=[stop], min_tokens=completes)
+    assert "".join(feed(detok, ids)) == text[: text.index(stop)]
+    assert detok.num_tokens == completes + 1
+
+
+def test_include_stop_str_in_output_keeps_the_stop_and_holds_nothing_back(tokenizer):
+    text = "alpha beta gamma delta"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stop = "bet"  # ends inside " beta": the token's text past the stop string is cut
+    completes = completing_token(tokenizer, ids, stop)
+    detok = IncrementalDetokenizer(tokenizer, PROMPT, stop=[stop], include_stop_str_in_output=True)
+    shown = ""
+    for k, token_id in enumerate(ids):
+        shown += detok.add([token_id])
+        if detok.stopped:
+            break
+        assert shown == tokenizer.decode(ids[: k + 1])  # nothing held back
+    shown += detok.finish()
+    assert shown == detok.text == "alpha bet"
+    assert detok.stop_matched == stop and detok.num_tokens == completes + 1
+
+
+def test_include_stop_str_with_min_tokens_and_one_event(tokenizer):
+    text = "alpha beta gamma beta delta"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    first = completing_token(tokenizer, ids, "beta")
+    second = completing_token(tokenizer, ids, "beta", after=first + 1)
+    detok = IncrementalDetokenizer(
+        tokenizer, PROMPT, stop=["beta"], min_tokens=first + 1, include_stop_str_in_output=True
+    )
+    assert detok.add(ids) + detok.finish() == "alpha beta gamma beta"
+    assert detok.num_tokens == second + 1
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_the_engines_stop_token_counts_but_shows_no_text(tokenizer, skip_special_tokens):
+    # EOS (<|im_end|>) and an ordinary stop token id ("."), the last token of the event.
+    words = tokenizer.encode("Hi there", add_special_tokens=False)
+    period = tokenizer.encode(".", add_special_tokens=False)
+    assert len(period) == 1
+    for stop_token in (2, period[0]):
+        for include in (False, True):
+            detok = IncrementalDetokenizer(
+                tokenizer,
+                PROMPT,
+                skip_special_tokens=skip_special_tokens,
+                include_stop_str_in_output=include,
+            )
+            text = detok.add(words) + detok.add([stop_token], ends_in_stop_token=True)
+            text += detok.finish()
+            shown = tokenizer.decode([stop_token], skip_special_tokens=skip_special_tokens)
+            assert text == detok.text == "Hi there" + (shown if include else "")
+            assert detok.num_tokens == len(words) + 1 and not detok.stopped
+
+
+def test_a_stop_string_naming_a_special_token(tokenizer):
+    assert special_stop_tokens(tokenizer, ["<|im_end|>", "x", "<|im_start|>"]) == {
+        2: "<|im_end|>",
+        1: "<|im_start|>",
+    }
+    assert special_stop_tokens(tokenizer, ["im_end"]) == {}
+    words = tokenizer.encode("Hi there", add_special_tokens=False)
+    for include, expected in ((False, "Hi there"), (True, "Hi there<|im_end|>")):
+        detok = IncrementalDetokenizer(
+            tokenizer, PROMPT, stop=["<|im_end|>"], include_stop_str_in_output=include
+        )
+        # The engine stopped on the token (server/sampling.py made it a stop token id).
+        text = detok.add(words + [2], ends_in_stop_token=True) + detok.finish()
+        assert text == detok.text == expected and detok.num_tokens == len(words) + 1
+
+
+def test_a_special_token_stop_string_matches_in_text_without_skipping(tokenizer):
+    ids = tokenizer.encode("Hi there", add_special_tokens=False) + [2] + ids_of(tokenizer, " more")
+    for include, expected in ((False, "Hi there"), (True, "Hi there<|im_end|>")):
+        detok = IncrementalDetokenizer(
+            tokenizer,
+            PROMPT,
+            stop=["<|im_end|>"],
+            skip_special_tokens=False,
+            include_stop_str_in_output=include,
+        )
+        assert "".join(feed(detok, ids)) == expected
+        assert detok.stop_matched == "<|im_end|>" and detok.num_tokens == ids.index(2) + 1
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -56,7 +56,7 @@ def _chat(**fields) -> ChatCompletionRequest:
     ("field", "value"),
     [
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("response_format", {"type": "json_object"}),
+        ("prediction", {"type": "content", "content": "x"}),
         ("tool_choice", "required"),
         ("reasoning_effort", "low"),
         ("modalities", ["text", "audio"]),

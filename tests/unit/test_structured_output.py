@@ -1,0 +1,223 @@
+"""Structured outputs: the bitmask application against its plain-torch reference, the sampler
+with constrained rows against reference_sample, and the per-request matcher (catch-up after
+preemption, no double advance, dropped on finish) with the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import engine.sampler as sampler_module
+from engine.loader import hf_checkpoint_dir
+from engine.sampler import sample_rows
+from engine.sampling.logit_processors import needs_processing
+from engine.sampling.reference import reference_sample, reference_token_bitmask
+from engine.sampling.token_bitmask import apply_token_bitmask
+from engine.structured_output import StructuredOutputError, StructuredOutputs, grammar_of
+from scheduler.output import ScheduledChunk
+from scheduler.sampling_params import SamplingParams, SamplingParamsError, StructuredOutput
+
+VOCAB = 70  # not a multiple of 32: the last word is partly padding
+WIDTH = (VOCAB + 31) // 32
+EOS = 2
+SCHEMA = StructuredOutput(
+    "json_schema",
+    json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}),
+)
+
+
+def _chunk(params: SamplingParams, request_id: str = "r", output: list[int] | None = None):
+    prompt = [1, 5]
+    output = [] if output is None else output
+    return ScheduledChunk(
+        request_id=request_id,
+        token_ids=[(prompt + output)[-1]],
+        start_position=len(prompt) + len(output) - 1,
+        block_table=[0],
+        samples=True,
+        num_prompt_tokens=len(prompt),
+        sampling_params=params,
+        prompt_token_ids=prompt,
+        output_token_ids=output,
+        eos_token_ids=frozenset({EOS}),
+    )
+
+
+def _random_bitmask(rows: int, generator: torch.Generator) -> torch.Tensor:
+    """int32 words of random bits (about half the tokens allowed), bit 31 (the sign) too."""
+    words = torch.randint(-(2**31), 2**31, (rows, WIDTH), generator=generator, dtype=torch.int64)
+    return words.to(torch.int32)
+
+
+def test_the_reference_reads_xgrammars_bit_layout():
+    bitmask = torch.zeros(WIDTH, dtype=torch.int32)
+    bitmask[0] = 1 << 3  # token 3
+    bitmask[1] = -(2**31)  # bit 31 of word 1: token 63
+    bitmask[2] = 1 << 5  # token 69, the last real one
+    masked = reference_token_bitmask(torch.zeros(VOCAB), bitmask)
+    assert torch.isfinite(masked).nonzero().flatten().tolist() == [3, 63, 69]
+
+
+def test_apply_token_bitmask_matches_the_reference_on_its_rows_only():
+    generator = torch.Generator().manual_seed(0)
+    work = torch.randn(5, VOCAB, generator=generator)
+    bitmask = _random_bitmask(5, generator)
+    rows = [0, 3, 4]
+    expected = work.clone()
+    for r in rows:
+        expected[r] = reference_token_bitmask(work[r], bitmask[r])
+    apply_token_bitmask(work, bitmask, rows)
+    assert torch.equal(work, expected)
+
+
+def test_a_masked_greedy_row_keeps_the_logits_dtype_and_plain_rows_pay_nothing(monkeypatch):
+    """A greedy constrained row needs no float32 copy: its bf16 row is masked and argmaxed.
+    Without a bitmask (no constrained row in the step) nothing is copied at all."""
+    constrained = SamplingParams(temperature=0.0, structured_output=SCHEMA)
+    assert not needs_processing(_chunk(constrained))
+    chunks = [_chunk(constrained, "c"), _chunk(SamplingParams(temperature=0.0), "p")]
+    logits = torch.randn(2, VOCAB).to(torch.bfloat16)
+    bitmask = torch.full((2, WIDTH), -1, dtype=torch.int32)
+    bitmask[0] = 0
+    bitmask[0, 1] = 1 << 2  # only token 34
+    seen = []
+    real = sampler_module.apply_token_bitmask
+    monkeypatch.setattr(
+        sampler_module, "apply_token_bitmask", lambda w, b, r: (seen.append(w.dtype), real(w, b, r))
+    )
+    token_ids, _ = sample_rows(logits, chunks, torch.zeros(2, dtype=torch.float64), bitmask=bitmask)
+    assert token_ids == [34, int(logits[1].float().argmax())] and seen == [torch.bfloat16]
+    sample_rows(logits, chunks[1:], torch.zeros(1, dtype=torch.float64))
+    assert seen == [torch.bfloat16]
+
+
+@pytest.mark.parametrize("logprobs", [None, 3])
+def test_sample_rows_with_a_bitmask_matches_reference_sample(logprobs):
+    generator = torch.Generator().manual_seed(1)
+    params = [
+        SamplingParams(temperature=0.0, structured_output=SCHEMA, logprobs=logprobs),
+        SamplingParams(temperature=0.0),  # plain greedy: the fast path, bitmask not read
+        SamplingParams(temperature=0.8, top_p=0.9, structured_output=SCHEMA, logprobs=logprobs),
+        SamplingParams(temperature=1.0, top_k=5),  # sampled, unconstrained
+        SamplingParams(temperature=0.0, structured_output=SCHEMA, logit_bias=((7, 5.0),)),
+    ]
+    chunks = [_chunk(p, f"r{i}") for i, p in enumerate(params)]
+    for trial in range(20):
+        logits = torch.randn(len(chunks), VOCAB, generator=generator).to(torch.bfloat16)
+        bitmask = _random_bitmask(len(chunks), generator)
+        uniforms = torch.rand(len(chunks), dtype=torch.float64, generator=generator)
+        token_ids, entries = sample_rows(logits, chunks, uniforms, bitmask=bitmask)
+        for row, chunk in enumerate(chunks):
+            constrained = chunk.sampling_params.structured_output is not None
+            expected, entry = reference_sample(
+                logits[row], chunk, float(uniforms[row]), bitmask[row] if constrained else None
+            )
+            assert token_ids[row] == expected, (trial, row)
+            if constrained:
+                assert reference_token_bitmask(torch.zeros(VOCAB), bitmask[row])[expected] == 0
+            if entry is not None:  # logprobs are the model's processed ones, before the mask
+                assert entries[row].top_token_ids == entry.top_token_ids
+                assert entries[row].logprob == pytest.approx(entry.logprob, abs=1e-5)
+
+
+def test_structured_output_refuses_min_tokens_and_ignore_eos():
+    for fields in ({"min_tokens": 2}, {"ignore_eos": True}):
+        with pytest.raises(SamplingParamsError) as raised:
+            SamplingParams(max_tokens=8, structured_output=SCHEMA, **fields)
+        assert raised.value.param == next(iter(fields))
+    with pytest.raises(SamplingParamsError):
+        StructuredOutput("yaml", "")
+
+
+@pytest.mark.parametrize(
+    ("constraint", "problem"),
+    [
+        (StructuredOutput("json_schema", '{"type": "bogus"}'), 'Unsupported type "bogus"'),
+        (StructuredOutput("regex", "((("), "parenthesis"),
+        (StructuredOutput("grammar", "root ::= foo"), 'Rule "foo" is not defined'),
+        (StructuredOutput("choice", "[]"), "at least one"),
+    ],
+)
+def test_a_constraint_that_does_not_compile_names_the_problem(constraint, problem):
+    with pytest.raises(StructuredOutputError) as raised:
+        grammar_of(constraint)
+    assert problem in str(raised.value) and "json_schema_converter" not in str(raised.value)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(hf_checkpoint_dir("default"))
+
+
+def _allowed(bitmask_row: torch.Tensor, vocab: int) -> set[int]:
+    masked = reference_token_bitmask(torch.zeros(vocab), bitmask_row)
+    return set(torch.isfinite(masked).nonzero().flatten().tolist())
+
+
+def _greedy_walk(structured: StructuredOutputs, chunk_for, steps: int, eos: int) -> list[int]:
+    """Pick the lowest allowed token each step, as a fake runner + scheduler would, until
+    EOS (which finishes the request)."""
+    output: list[int] = []
+    while len(output) < steps and eos not in output:
+        bitmask = structured.bitmask([chunk_for(output)])
+        output.append(min(_allowed(bitmask[0], structured.vocab_size)))
+    return output
+
+
+def test_the_matcher_catches_up_after_preemption_without_double_advancing(tokenizer):
+    vocab = len(tokenizer)
+    constraint = StructuredOutput("choice", json.dumps(["yes", "no"]))
+    params = SamplingParams(temperature=0.0, max_tokens=8, structured_output=constraint)
+    text = "yes"
+    target = tokenizer.encode(text, add_special_tokens=False)
+    structured = StructuredOutputs(tokenizer, vocab)
+
+    def chunk(output: list[int], request_id: str = "a") -> ScheduledChunk:
+        c = _chunk(params, request_id, list(output))
+        c.eos_token_ids = frozenset({tokenizer.eos_token_id})
+        return c
+
+    first = structured.bitmask([chunk([])])[0]
+    assert set(target[:1]) <= _allowed(first, vocab)
+    # The same step seen twice (no token appended in between) does not advance the matcher.
+    again = structured.bitmask([chunk([])])[0]
+    assert torch.equal(first, again) and structured.matchers["a"].num_accepted == 0
+    # Preempted after every token of "yes": the recompute chunk carries the whole output; the
+    # matcher accepts the tail once and then allows only EOS.
+    done = structured.bitmask([chunk(target)])[0]
+    assert _allowed(done, vocab) == {tokenizer.eos_token_id}
+    assert structured.matchers["a"].num_accepted == len(target)
+    assert not structured.matchers["a"].broken
+    again = structured.bitmask([chunk(target)])[0]  # recomputed again: nothing re-accepted
+    assert torch.equal(done, again)
+    # An unconstrained row beside it is all ones; a finished request's matcher is dropped.
+    plain = _chunk(SamplingParams(temperature=0.0), "b")
+    both = structured.bitmask([plain, chunk(target)])
+    assert bool((both[0] == -1).all()) and "b" not in structured.matchers
+    structured.forget(["a"])
+    assert structured.matchers == {}
+    assert structured.bitmask([plain]) is None
+
+
+def test_a_schema_compiles_once_and_a_walk_yields_valid_json(tokenizer):
+    vocab = len(tokenizer)
+    structured = StructuredOutputs(tokenizer, vocab)
+    params = SamplingParams(temperature=0.0, max_tokens=64, structured_output=SCHEMA)
+    eos = tokenizer.eos_token_id
+
+    def chunk_for(request_id):
+        def make(output):
+            c = _chunk(params, request_id, list(output))
+            c.eos_token_ids = frozenset({eos})
+            return c
+
+        return make
+
+    output = _greedy_walk(structured, chunk_for("x"), 40, eos)
+    assert output[-1] == eos
+    assert json.loads(tokenizer.decode(output[:-1])) in ({"ok": True}, {"ok": False})
+    _greedy_walk(structured, chunk_for("y"), 3, eos)
+    assert list(structured.compiled) == [SCHEMA]
