@@ -6,6 +6,8 @@ Both run in this process on the same weights, dtype and prompts:
   lengths). Output tokens/s = N * G / wall time.
 - single stream: one request; decode tokens/s measured after the first token
   (meterserve from its engine timestamps, HF as (t(G+1 tokens) - t(1 token)) / G).
+- decoding: greedy by default; --temperature > 0 (with --top-p) samples, in both systems. With
+  --seed S, batch request i gets seed S + i (the single stream S + N), so a run is reproducible.
 The last line printed is one JSON object with every figure.
 """
 
@@ -20,7 +22,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.loader import hf_checkpoint_dir
-from scheduler.sampling_params import SamplingParams
+from scheduler.sampling_params import SamplingParams, SamplingParamsError
 
 PASSAGE = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the "
@@ -44,8 +46,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--single-stream-tokens", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples"
+    )
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="request i samples with seed+i (default: unseeded)"
+    )
     parser.add_argument("--skip-hf", action="store_true", help="measure meterserve only")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    except SamplingParamsError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def decoding_label(args) -> str:
+    if args.temperature == 0.0:
+        return "greedy"
+    seed = "unseeded" if args.seed is None else f"seed {args.seed}+i"
+    return f"sampled (temperature {args.temperature:g}, top_p {args.top_p:g}, {seed})"
+
+
+def request_params(args, count: int, max_tokens: int, first: int = 0) -> list[SamplingParams]:
+    """One SamplingParams per request; request `first + i` gets seed + first + i when seeded."""
+    return [
+        SamplingParams(
+            max_tokens=max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=None if args.seed is None else args.seed + first + i,
+            ignore_eos=True,
+        )
+        for i in range(count)
+    ]
 
 
 def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
@@ -65,15 +100,13 @@ def make_llm(args) -> LLM:
 
 
 def bench_meterserve(args, llm: LLM, prompts) -> dict[str, float]:
-    exact = SamplingParams(max_tokens=args.output_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts[:4], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    exact = request_params(args, len(prompts), args.output_tokens)
+    llm.generate(prompts[:4], request_params(args, 4, 8))  # warm-up, same decoding path
     started = time.perf_counter()
     outputs = llm.generate(prompts, exact)
     batch_seconds = time.perf_counter() - started
     produced = sum(len(o.token_ids) for o in outputs)
-    single = SamplingParams(
-        max_tokens=args.single_stream_tokens + 1, temperature=0.0, ignore_eos=True
-    )
+    single = request_params(args, 1, args.single_stream_tokens + 1, first=len(prompts))[0]
     single_tok_s = _single_stream_meterserve(llm, prompts[0], single)
     return {
         "meterserve_tok_s": produced / batch_seconds,
@@ -102,18 +135,20 @@ def bench_hf(args, prompts) -> dict[str, float]:
     checkpoint_dir = hf_checkpoint_dir(args.model)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=dtype).eval()
+    if args.seed is not None:
+        torch.manual_seed(args.seed)  # HF draws from torch's global generator
     batch = torch.tensor(prompts)
-    _hf_generate(model, batch[:4], 8)
+    _hf_generate(model, batch[:4], 8, args)
     started = time.perf_counter()
-    out = _hf_generate(model, batch, args.output_tokens)
+    out = _hf_generate(model, batch, args.output_tokens, args)
     batch_seconds = time.perf_counter() - started
     produced = (out.shape[1] - batch.shape[1]) * out.shape[0]
     one = batch[:1]
     started = time.perf_counter()
-    _hf_generate(model, one, 1)
+    _hf_generate(model, one, 1, args)
     first_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    _hf_generate(model, one, args.single_stream_tokens + 1)
+    _hf_generate(model, one, args.single_stream_tokens + 1, args)
     total_seconds = time.perf_counter() - started
     return {
         "hf_tok_s": produced / batch_seconds,
@@ -122,15 +157,23 @@ def bench_hf(args, prompts) -> dict[str, float]:
     }
 
 
-def _hf_generate(model, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def hf_decoding_kwargs(args) -> dict:
+    """HF generate's arguments for the same decoding as meterserve's (top_k off: HF's default
+    of 50 would truncate what meterserve does not)."""
+    if args.temperature == 0.0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p, "top_k": 0}
+
+
+def _hf_generate(model, input_ids: torch.Tensor, new_tokens: int, args) -> torch.Tensor:
     with torch.inference_mode():
         return model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
-            do_sample=False,
             pad_token_id=0,
+            **hf_decoding_kwargs(args),
         )
 
 
@@ -138,13 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
     llm = make_llm(args)
     prompts = make_prompts(llm.tokenizer, args.num_requests, args.prompt_tokens)
-    figures: dict[str, float | int | str] = {
+    figures: dict[str, float | int | str | None] = {
         "requests": args.num_requests,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens_per_request": args.output_tokens,
         "dtype": args.dtype,
+        "decoding": "greedy" if args.temperature == 0.0 else "sampled",
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "seed": args.seed,
         "threads": torch.get_num_threads(),
     }
+    print(f"decoding: {decoding_label(args)}", flush=True)
     figures.update(bench_meterserve(args, llm, prompts))
     del llm  # free its KV cache before the baseline runs
     print(

@@ -9,6 +9,8 @@ against any OpenAI-compatible server, so one command measures meterserve and a p
 Every request streams a distinct prompt of exactly --prompt-tokens tokens (cut from the bundled
 corpus with the default model's tokenizer) and asks for exactly --output-tokens tokens
 (`ignore_eos`, plus llama.cpp's `n_predict`); completions that come back shorter are counted.
+Decoding is greedy unless --temperature > 0 (with --top-p); with --seed S, request i of a level
+sends seed S + i, so a sampled run is reproducible on servers that honour `seed`.
 At concurrency c, c workers send --num-requests requests back to back (closed loop);
 throughput = output tokens / wall time of the level. The last line printed is one JSON object
 with the figures per concurrency. No locust here.
@@ -41,11 +43,19 @@ class BenchConfig:
     prompt_tokens: int = 128
     output_tokens: int = 128
     temperature: float = 0.0
+    top_p: float = 1.0  # sent only when < 1
+    seed: int | None = None  # request i of a level sends seed + i; None sends no seed
     api_key: str = ""
     timeout_s: float = 600.0
 
     def requests_at(self, concurrency: int) -> int:
         return self.num_requests or max(8, 2 * concurrency)
+
+    def decoding(self) -> str:
+        if self.temperature == 0.0:
+            return "greedy"
+        seed = "unseeded" if self.seed is None else f"seed {self.seed}+i"
+        return f"sampled (temperature {self.temperature:g}, top_p {self.top_p:g}, {seed})"
 
 
 @dataclass(slots=True)
@@ -65,7 +75,8 @@ class LevelResult:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-def build_body(cfg: BenchConfig, prompt: str) -> dict:
+def build_body(cfg: BenchConfig, prompt: str, index: int = 0) -> dict:
+    """The request body of request `index` of a level (its seed is cfg.seed + index)."""
     body: dict = {
         "model": cfg.model,
         "max_tokens": cfg.output_tokens,
@@ -75,6 +86,10 @@ def build_body(cfg: BenchConfig, prompt: str) -> dict:
         "ignore_eos": True,  # meterserve, vLLM, llama.cpp: generate exactly max_tokens
         "n_predict": cfg.output_tokens,  # llama.cpp's name for max_tokens; others ignore it
     }
+    if cfg.top_p < 1.0:
+        body["top_p"] = cfg.top_p
+    if cfg.seed is not None:
+        body["seed"] = cfg.seed + index
     if cfg.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -82,11 +97,14 @@ def build_body(cfg: BenchConfig, prompt: str) -> dict:
     return body
 
 
-async def one_request(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> StreamTiming:
+async def one_request(
+    client: httpx.AsyncClient, cfg: BenchConfig, prompt: str, index: int = 0
+) -> StreamTiming:
     path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+    body = build_body(cfg, prompt, index)
     timing = StreamTiming(sent_at=time.perf_counter())
     try:
-        async with client.stream("POST", path, json=build_body(cfg, prompt)) as response:
+        async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 timing.error = (
                     f"HTTP {response.status_code}: {error_message(await response.aread())}"
@@ -107,14 +125,15 @@ async def run_level(
     """`concurrency` workers drain a queue of requests, so exactly that many are in flight
     until the queue runs dry."""
     total = cfg.requests_at(concurrency)
-    queue: asyncio.Queue[str] = asyncio.Queue()
+    queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(total):
-        queue.put_nowait(prompts[i % len(prompts)])
+        queue.put_nowait(i)
     timings: list[StreamTiming] = []
 
     async def worker() -> None:
         while not queue.empty():
-            timings.append(await one_request(client, cfg, queue.get_nowait()))
+            i = queue.get_nowait()
+            timings.append(await one_request(client, cfg, prompts[i % len(prompts)], i))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, total))))
@@ -161,7 +180,7 @@ async def run_bench(cfg: BenchConfig, prompts: list[str], log=print) -> list[Lev
     async with httpx.AsyncClient(
         base_url=cfg.base_url, headers=headers, limits=limits, timeout=timeout
     ) as client:
-        warm = await one_request(client, cfg, prompts[-1])  # load caches; not counted
+        warm = await one_request(client, cfg, prompts[-1], len(prompts))  # not counted
         if warm.failure() is not None:
             raise RuntimeError(f"warm-up request failed: {warm.failure()}")
         results = []
@@ -212,6 +231,9 @@ def result_json(cfg: BenchConfig, label: str, results: list[LevelResult]) -> str
             "endpoint": cfg.endpoint,
             "prompt_tokens": cfg.prompt_tokens,
             "output_tokens": cfg.output_tokens,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "seed": cfg.seed,
             "levels": [asdict(r) for r in results],
         },
         separators=(",", ":"),
@@ -239,7 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; sent only when < 1")
+    p.add_argument(
+        "--seed", type=int, default=None, help="request i of a level sends seed+i (default none)"
+    )
     p.add_argument(
         "--tokenizer",
         default="default",
@@ -263,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     if not levels or min(levels) < 1:
         print("serving_bench: --concurrency needs positive integers", file=sys.stderr)
         return 2
+    if not (args.temperature >= 0.0 and 0.0 < args.top_p <= 1.0):
+        print("serving_bench: needs --temperature >= 0 and 0 < --top-p <= 1", file=sys.stderr)
+        return 2
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         model = args.model or _first_model(args.base_url, headers)
@@ -272,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = BenchConfig(
         base_url=args.base_url.rstrip("/"), model=model, endpoint=args.endpoint,
         concurrency=levels, num_requests=args.num_requests, prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens, temperature=args.temperature, api_key=args.api_key,
-        timeout_s=args.timeout,
+        output_tokens=args.output_tokens, temperature=args.temperature, top_p=args.top_p,
+        seed=args.seed, api_key=args.api_key, timeout_s=args.timeout,
     )  # fmt: skip
     source = TextSource(load_tokenizer(args.tokenizer))
     prompts = make_prompts(source, max(cfg.requests_at(c) for c in levels), cfg.prompt_tokens)
@@ -281,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     exact = "exact" if source.exact else "approximate"
     lengths = f"{cfg.prompt_tokens}-token prompts ({exact}), {cfg.output_tokens} output tokens"
     print(f"serving benchmark: {label}  model={model}  /v1/{cfg.endpoint}  {lengths}")
+    print(f"decoding: {cfg.decoding()}")
     try:
         results = asyncio.run(run_bench(cfg, prompts))
     except RuntimeError as exc:

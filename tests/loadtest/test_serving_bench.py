@@ -10,7 +10,13 @@ import sys
 import pytest
 from loadtest_server import REPO, Server
 
-from loadtest.serving_bench import BenchConfig, build_body, level_result, make_prompts
+from loadtest.serving_bench import (
+    BenchConfig,
+    build_body,
+    build_parser,
+    level_result,
+    make_prompts,
+)
 from loadtest.sse import StreamTiming
 from loadtest.text import TextSource, load_tokenizer
 
@@ -29,6 +35,27 @@ def test_body_asks_for_exactly_max_tokens_on_both_endpoints() -> None:
     assert body["ignore_eos"] is True and body["stream_options"] == {"include_usage": True}
     chat = build_body(BenchConfig(base_url="http://x", model="m", endpoint="chat"), "hi")
     assert chat["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in chat
+
+
+def test_greedy_is_the_default_and_sends_no_top_p_or_seed() -> None:
+    args = build_parser().parse_args([])
+    assert (args.temperature, args.top_p, args.seed) == (0.0, 1.0, None)
+    cfg = BenchConfig(base_url="http://x", model="m")
+    body = build_body(cfg, "hello", index=5)
+    assert body["temperature"] == 0.0 and "top_p" not in body and "seed" not in body
+    assert cfg.decoding() == "greedy"
+
+
+def test_sampled_flags_give_each_request_seed_plus_its_index() -> None:
+    args = build_parser().parse_args(["--temperature", "0.8", "--top-p", "0.95", "--seed", "7"])
+    assert (args.temperature, args.top_p, args.seed) == (0.8, 0.95, 7)
+    cfg = BenchConfig(base_url="http://x", model="m", temperature=0.8, top_p=0.95, seed=7)
+    bodies = [build_body(cfg, "hello", index=i) for i in range(3)]
+    assert [b["seed"] for b in bodies] == [7, 8, 9]
+    assert all(b["temperature"] == 0.8 and b["top_p"] == 0.95 for b in bodies)
+    assert build_body(cfg, "hello", index=1) == bodies[1]  # reproducible
+    unseeded = build_body(BenchConfig(base_url="http://x", model="m", temperature=0.8), "hi")
+    assert "seed" not in unseeded and "top_p" not in unseeded
 
 
 def finished(sent: float, chunk_times: list[float], tokens: int) -> StreamTiming:
@@ -55,16 +82,20 @@ def test_level_result_arithmetic() -> None:
     assert r.errors == {"stream error: HTTP 429: full": 1}
 
 
-def test_bench_command_against_the_real_server(main_server: Server) -> None:
+@pytest.mark.parametrize(
+    "decoding", [[], ["--temperature", "0.8", "--top-p", "0.95", "--seed", "3"]]
+)
+def test_bench_command_against_the_real_server(main_server: Server, decoding: list[str]) -> None:
     command = [sys.executable, "-m", "loadtest.serving_bench", "--base-url",
                main_server.base_url, "--concurrency", "1,2", "--num-requests", "2",
-               "--output-tokens", "4", "--label", "meterserve"]  # fmt: skip
+               "--output-tokens", "4", "--label", "meterserve", *decoding]  # fmt: skip
     done = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=240, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["label"] == "meterserve" and result["prompt_tokens"] == 128
+    assert result["seed"] == (3 if decoding else None)
     assert [level["concurrency"] for level in result["levels"]] == [1, 2]
     for level in result["levels"]:
         assert level["failed"] == 0 and level["short_completions"] == 0
