@@ -15,7 +15,9 @@ The batch is split by what its rows need, and each part is done for all its rows
                       (sampling/logit_processors.py), a constrained row's bitmask applied;
                       greedy ones take its argmax;
   sampled rows        temperature, softmax, truncation from the top candidates and an inverse
-                      CDF draw (sampling/truncation.py).
+                      CDF draw (sampling/truncation.py); with the native kernels, the same
+                      rules over candidates the kernel picks (sampling/native.py), and rows
+                      that only sample read the model's logits in place, never copied.
 sampling/reference.py is the plain per-row definition all of this is tested against.
 
 Draws: each sampled row consumes one uniform per step. A request with a seed draws it from its
@@ -29,7 +31,13 @@ import os
 
 import torch
 
-from engine.sampling.logit_processors import needs_processing, processed_logits, token_logprobs
+from engine.sampling.logit_processors import (
+    needs_processing,
+    processed_logits,
+    samples_only,
+    token_logprobs,
+)
+from engine.sampling.native import choose_native, usable
 from engine.sampling.token_bitmask import apply_token_bitmask
 from engine.sampling.truncation import choose, select_rows
 from scheduler.output import ScheduledChunk, TokenLogprobs
@@ -95,7 +103,12 @@ def sample_rows(
     if not processed and not masked:
         return greedy_token_ids(logits, kernels).tolist(), [None] * len(chunks)
     token_ids = torch.empty(len(chunks), dtype=torch.long)
-    plain = sorted(set(range(len(chunks))) - set(processed) - set(masked))
+    direct = _direct_rows(logits, chunks, processed, kernels)
+    if direct:  # sampled straight from the model's logits: no float32 copy
+        params = [chunks[row].sampling_params for row in direct]
+        token_ids[direct] = choose_native(logits, direct, params, uniforms[direct], kernels)
+        processed = [row for row in processed if row not in set(direct)]
+    plain = sorted(set(range(len(chunks))) - set(processed) - set(masked) - set(direct))
     if plain:
         token_ids[plain] = greedy_token_ids(select_rows(logits, plain), kernels)
     if masked:
@@ -122,6 +135,16 @@ def sample_rows(
     return result, per_row
 
 
+def _direct_rows(
+    logits: torch.Tensor, chunks: list[ScheduledChunk], processed: list[int], kernels
+) -> list[int]:
+    """Processed rows that only sample (no logprobs, penalties, bias, min_tokens ban or
+    grammar), when the native kernels can read the logits as they are."""
+    if not usable(logits, kernels):
+        return []
+    return [row for row in processed if samples_only(chunks[row])]
+
+
 def _masked_greedy_rows(chunks: list[ScheduledChunk]) -> list[int]:
     """Greedy rows with a structured output and no other processing."""
     return [
@@ -142,6 +165,9 @@ def _choose(
     sampled = [j for j, chunk in enumerate(chunks) if not chunk.sampling_params.greedy]
     if sampled:
         params = [chunks[j].sampling_params for j in sampled]
+        if usable(work, kernels):
+            chosen[sampled] = choose_native(work, sampled, params, uniforms[sampled], kernels)
+            return chosen
         scaled = select_rows(work, sampled)  # work itself when every row samples: scaled in place
         scaled /= torch.tensor([p.temperature for p in params])[:, None]
         probs = torch.softmax(scaled, dim=-1)

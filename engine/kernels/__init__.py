@@ -26,6 +26,7 @@ SOURCES = [
     "quantized_linear.cpp",
     "amx_linear.cpp",
     "argmax.cpp",
+    "sampling.cpp",
     "elementwise.cpp",
     "paged_attention.cpp",
 ]

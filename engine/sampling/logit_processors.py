@@ -27,6 +27,20 @@ def needs_processing(chunk: ScheduledChunk) -> bool:
     )
 
 
+def samples_only(chunk: ScheduledChunk) -> bool:
+    """A sampled row whose logits need no processor, logprobs or grammar: temperature and the
+    truncation filters are all it needs."""
+    params = chunk.sampling_params
+    return (
+        not params.greedy
+        and params.logprobs is None
+        and not params.uses_penalties
+        and not params.logit_bias
+        and len(chunk.output_token_ids) >= params.min_tokens
+        and params.structured_output is None
+    )
+
+
 def processed_logits(
     logits: torch.Tensor, rows: list[int], chunks: list[ScheduledChunk]
 ) -> torch.Tensor:

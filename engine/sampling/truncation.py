@@ -65,7 +65,7 @@ def kept_tokens(probs: torch.Tensor, params: list[SamplingParams]) -> list[Candi
     whole = sorted(set(range(len(params))) - set(selected))
     groups = [_whole_vocabulary(probs, whole, params)] if whole else []
     # Each row starts at the fewest candidates that hold its top_k and a tie of its k-th.
-    counts = {i: _next_count(top_k[i], vocab) for i in selected}
+    counts = {i: next_count(top_k[i], vocab) for i in selected}
     while counts:
         count = min(counts.values())
         rows = sorted(i for i, c in counts.items() if c == count)
@@ -76,11 +76,11 @@ def kept_tokens(probs: torch.Tensor, params: list[SamplingParams]) -> list[Candi
             if done:
                 del counts[i]
             else:
-                counts[i] = _next_count(count, vocab)
+                counts[i] = next_count(count, vocab)
     return groups
 
 
-def _next_count(more_than: int, vocab: int) -> int:
+def next_count(more_than: int, vocab: int) -> int:
     return min([c for c in CANDIDATE_COUNTS if c > more_than and c < vocab] + [vocab])
 
 
@@ -125,13 +125,36 @@ def _candidates(
     else:
         descending, order = subset.sort(dim=1, descending=True, stable=True)
         token_ids = torch.arange(vocab).expand(len(rows), -1)
-    # order[i, j]: column (in ascending token id) of row i's j-th largest probability.
-    row_top_k = torch.tensor([top_k[i] for i in rows])
+    return truncate(
+        rows,
+        descending,
+        order,
+        token_ids,
+        [top_k[i] for i in rows],
+        [params[i] for i in rows],
+        vocab,
+    )
+
+
+def truncate(
+    rows: list[int],
+    descending: torch.Tensor,
+    order: torch.Tensor,
+    token_ids: torch.Tensor,
+    top_k: list[int],
+    params: list[SamplingParams],
+    vocab: int,
+) -> tuple[Candidates, list[bool]]:
+    """Top-k, top-p and min-p over candidate probabilities: descending [n, K] (row i belongs to
+    batch row rows[i], params[i], top_k[i]) in descending order, ties by ascending token id;
+    token_ids [n, K] ascending; order[i, j]: column in token_ids of row i's j-th largest.
+    complete[i]: row i's result is exact (it did not need a token beyond the K candidates)."""
+    row_top_k = torch.tensor(top_k)
     kept = _filter(
         descending,
         row_top_k,
-        torch.tensor([params[i].top_p if params[i].top_p < 1.0 else math.inf for i in rows]),
-        torch.tensor([params[i].min_p for i in rows]),
+        torch.tensor([p.top_p if p.top_p < 1.0 else math.inf for p in params]),
+        torch.tensor([p.min_p for p in params]),
     )
     # Exact when every token the filters looked at is a candidate: the kept ones, and for
     # top-k every tie of the k-th (its renormalization sums them all).
@@ -139,7 +162,8 @@ def _candidates(
     smallest_seen = descending.gather(1, num_kept - 1)
     kth = descending.gather(1, (row_top_k - 1).clamp(min=0)[:, None])
     smallest_seen = torch.where(row_top_k[:, None] > 0, smallest_seen.minimum(kth), smallest_seen)
-    complete = (smallest_seen > descending[:, -1:]).squeeze(1) | (count == vocab)
+    every_token = descending.shape[1] == vocab
+    complete = (smallest_seen > descending[:, -1:]).squeeze(1) | every_token
     weights = torch.zeros_like(kept).scatter_(1, order, kept)
     done = complete.nonzero().squeeze(1)
     group = Candidates(torch.tensor(rows)[done], token_ids[done], weights[done])

@@ -254,6 +254,8 @@ def gil_free_calls() -> dict:
     context_lens = torch.full((16,), 1000)
     # The in-place ops write copies, so the other ops' inputs never drift, however many calls.
     normed, rotated, written = rows.clone(), qkv.clone(), torch.zeros_like(cache)
+    logits, sample_rows = torch.randn(64, 49152, dtype=bf), torch.arange(64)
+    temperature, uniforms = torch.full((64,), 0.8), torch.rand(64, dtype=torch.float64)
     ops = {
         "small_batch_linear": (x4, weight, None),
         "quantized_linear": (x4, packed.kind_id, packed.codes, packed.scales, packed.mins),
@@ -264,6 +266,8 @@ def gil_free_calls() -> dict:
         "rotary_": (rotated, positions, cos, sin, 5, 64),
         "store_kv_": (qkv[:, :128], qkv[:, 128:256], *written, torch.arange(64) * 7),
         "paged_decode_attention": (query, *cache, block_tables, context_lens, 16, 0.125),
+        "top_candidates": (logits, sample_rows, temperature, 64),
+        "draw_whole": (logits, sample_rows, temperature, temperature * 0, uniforms),
     }
     if kernels.amx_available():
         ops["amx_pack_weight"] = (weight,)
@@ -281,6 +285,8 @@ GIL_FREE_OPS = [
     "rotary_",
     "store_kv_",
     "paged_decode_attention",
+    "top_candidates",
+    "draw_whole",
     "amx_pack_weight",
     "amx_linear",
 ]

@@ -134,6 +134,60 @@ torch::Tensor argmax_rows_op(const torch::Tensor& logits) {
   return out;
 }
 
+void check_sampling_rows(const torch::Tensor& logits, const torch::Tensor& rows,
+                         const torch::Tensor& temperature) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0 &&
+                  logits.size(1) < (int64_t(1) << 31),
+              "logits must be contiguous [rows, vocab]");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(),
+              "rows must be int64 [R]");
+  TORCH_CHECK(temperature.scalar_type() == torch::kFloat32 && temperature.is_contiguous() &&
+                  temperature.numel() == rows.numel(),
+              "temperature must be float32 [R]");
+  const int64_t* r = data<int64_t>(rows);
+  for (int64_t i = 0; i < rows.numel(); ++i)
+    TORCH_CHECK(r[i] >= 0 && r[i] < logits.size(0), "row index out of range");
+}
+
+std::vector<torch::Tensor> top_candidates_op(const torch::Tensor& logits,
+                                             const torch::Tensor& rows,
+                                             const torch::Tensor& temperature, int64_t k) {
+  check_sampling_rows(logits, rows, temperature);
+  TORCH_CHECK(k >= 1 && k <= logits.size(1), "k must be in [1, vocab]");
+  const int64_t n = rows.numel();
+  auto f32 = logits.options().dtype(torch::kFloat32);
+  auto max = torch::empty({n}, f32), sum = torch::empty({n}, f32);
+  auto values = torch::empty({n, k}, f32);
+  auto ids = torch::empty({n, k}, logits.options().dtype(torch::kInt64));
+  dispatch(logits, [&](auto tag) {
+    using T = decltype(tag);
+    top_candidates<T>(data<T>(logits), logits.size(1), data<int64_t>(rows), n,
+                      data<float>(temperature), k, data<float>(max), data<float>(sum),
+                      data<float>(values), data<int64_t>(ids));
+  });
+  return {max, sum, values, ids};
+}
+
+torch::Tensor draw_whole_op(const torch::Tensor& logits, const torch::Tensor& rows,
+                            const torch::Tensor& temperature, const torch::Tensor& min_p,
+                            const torch::Tensor& uniforms) {
+  check_sampling_rows(logits, rows, temperature);
+  TORCH_CHECK(min_p.scalar_type() == torch::kFloat32 && min_p.is_contiguous() &&
+                  min_p.numel() == rows.numel(),
+              "min_p must be float32 [R]");
+  TORCH_CHECK(uniforms.scalar_type() == torch::kFloat64 && uniforms.is_contiguous() &&
+                  uniforms.numel() == rows.numel(),
+              "uniforms must be float64 [R]");
+  auto out = torch::empty({rows.numel()}, logits.options().dtype(torch::kInt64));
+  dispatch(logits, [&](auto tag) {
+    using T = decltype(tag);
+    draw_whole<T>(data<T>(logits), logits.size(1), data<int64_t>(rows), rows.numel(),
+                  data<float>(temperature), data<float>(min_p), data<double>(uniforms),
+                  data<int64_t>(out));
+  });
+  return out;
+}
+
 torch::Tensor rms_norm_op(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous inputs only");
   check_same_dtype(x, weight, "rms_norm");
@@ -272,6 +326,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16",
         without_gil);
   m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row", without_gil);
+  m.def("top_candidates", &top_candidates_op,
+        "per row after temperature: max, sum of e^(x - max), the k largest x and ids",
+        without_gil);
+  m.def("draw_whole", &draw_whole_op, "inverse-CDF draw over the whole vocabulary, min_p",
+        without_gil);
   m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding", without_gil);
   m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place",
         without_gil);

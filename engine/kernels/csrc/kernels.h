@@ -42,6 +42,20 @@ void quantized_linear(const bf16* x, const QuantizedWeight& weight, bf16* out, i
 template <typename T>
 void argmax_rows(const T* logits, int64_t rows, int64_t n, int64_t* out);
 
+// Sampling over rows `rows` of logits [*, vocab] after x = logit / temperature[r]; see
+// sampling.cpp. top_candidates: max_out[r], sum_out[r] = sum of e^(x - max), and the k largest
+// x (values_out [num_rows, k], ids_out) by descending x, ties by ascending id, -inf padded.
+template <typename T>
+void top_candidates(const T* logits, int64_t vocab, const int64_t* rows, int64_t num_rows,
+                    const float* temperature, int64_t k, float* max_out, float* sum_out,
+                    float* values_out, int64_t* ids_out);
+
+// out[r] = an inverse-CDF draw with uniforms[r] over e^(x - max), weights below min_p[r] zeroed.
+template <typename T>
+void draw_whole(const T* logits, int64_t vocab, const int64_t* rows, int64_t num_rows,
+                const float* temperature, const float* min_p, const double* uniforms,
+                int64_t* out);
+
 // x <- rms_norm(x) * weight per row of `hidden` elements (HF Llama rounding for bfloat16).
 template <typename T>
 void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t hidden, float eps);
