@@ -22,6 +22,7 @@ from engine.meter.meter import NO_CHARGE, Meter, StepCharge
 from engine.meter.peaks import resolve_peaks
 from engine.model_runner import ModelRunner
 from engine.stats import KVCacheInfo, StepStats
+from engine.thread_governor import governor_for
 from kvcache.kv_cache_manager import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.output import RunnerOutput, SchedulerOutput, TokenEvent
@@ -84,6 +85,7 @@ class EngineCore:
             ),
         )
         self.max_running_batch_observed = 0
+        self.thread_governor = governor_for(config.num_threads)
         log.info(
             "engine ready: model %s, dtype %s, %d KV blocks of %d tokens (%.1f MiB), max_model_len %d",
             self.model_name,
@@ -139,6 +141,8 @@ class EngineCore:
 
     # -- the step -----------------------------------------------------------------------
     def step(self) -> StepResult:
+        if self.thread_governor is not None:  # fewer threads while neighbours hold cores
+            self.thread_governor.adjust()
         started = time.monotonic()
         output = self.scheduler.schedule()
         if output.is_empty:
