@@ -24,7 +24,19 @@ from server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.routes import chat, completions, console, debug, health, live, models, tokenize, version
+from server.responses_protocol import ResponsesRequest
+from server.routes import (
+    chat,
+    completions,
+    console,
+    debug,
+    health,
+    live,
+    models,
+    responses,
+    tokenize,
+    version,
+)
 from server.routes import metrics as metrics_routes
 from server.routes.deps import GroupReleaseMiddleware
 from server.routes.version import package_version
@@ -73,13 +85,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(metrics_routes.router)
     app.include_router(console.router)  # the page is public; its API calls send the key
     protected = [Depends(require_api_key)]
-    for module in (completions, chat, models, tokenize, version, debug, live):
+    for module in (completions, chat, responses, models, tokenize, version, debug, live):
         app.include_router(module.router, dependencies=protected)
     document_request_bodies(
         app,
         {
             "/v1/completions": CompletionRequest,
             "/v1/chat/completions": ChatCompletionRequest,
+            "/v1/responses": ResponsesRequest,
             "/tokenize": TokenizeRequest,
             "/detokenize": DetokenizeRequest,
         },

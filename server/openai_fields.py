@@ -30,9 +30,7 @@ IGNORED = frozenset(
 # Refused fields and the values that are no-ops (sending those is fine).
 _NOT_SET: tuple[Any, ...] = (None,)
 CHAT_REFUSED: Mapping[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),  # without tools both mean: answer in text
-    "parallel_tool_calls": (None, True, False),  # meaningless without tools
+    # Deprecated forms of tools / tool_choice; those two are honoured (server/tool_calls).
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "audio": _NOT_SET,
@@ -52,6 +50,7 @@ CHAT_HONOURED = frozenset(
         "messages", "model", "frequency_penalty", "logit_bias", "logprobs",
         "max_completion_tokens", "max_tokens", "n", "presence_penalty", "seed", "stop",
         "stream", "stream_options", "temperature", "top_logprobs", "top_p", "response_format",
+        "tools", "tool_choice", "parallel_tool_calls",
     }
 )  # fmt: skip
 COMPLETIONS_HONOURED = frozenset(
@@ -62,10 +61,39 @@ COMPLETIONS_HONOURED = frozenset(
     }
 )  # fmt: skip
 
-# OpenAI's fields of one message in `messages`, beyond role/content/name.
+# POST /v1/responses (server/responses_protocol.py). previous_response_id and conversation
+# need stored state: refused with a message saying meterserve is stateless.
+RESPONSES_HONOURED = frozenset(
+    {
+        "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+        "stream", "text", "tools", "tool_choice", "parallel_tool_calls",
+    }
+)  # fmt: skip
+RESPONSES_REFUSED: Mapping[str, tuple[Any, ...]] = {
+    "previous_response_id": _NOT_SET,
+    "conversation": _NOT_SET,
+    "max_tool_calls": _NOT_SET,
+    "reasoning": (None, {}),
+    "include": (None, []),
+    "top_logprobs": (None, 0),
+    "truncation": (None, "disabled"),  # disabled: a prompt that does not fit is a 400
+    "background": (None, False),
+    "prompt": _NOT_SET,  # a stored prompt template
+    "context_management": (None, []),
+    "moderation": _NOT_SET,
+}
+# Beyond IGNORED: stream obfuscation only pads events, the prompt-cache options tune a cache
+# meterserve keys by content, and the image and access options apply to inputs it refuses.
+RESPONSES_IGNORED = IGNORED | {
+    "stream_options", "prompt_cache_retention", "prompt_cache_options", "image",
+    "background_options", "access_programs",
+}  # fmt: skip
+# Fields of `text` beyond `format`.
+RESPONSES_TEXT_REFUSED: Mapping[str, tuple[Any, ...]] = {"verbosity": _NOT_SET}
+
+# OpenAI's fields of one message in `messages`, beyond role/content/name and the honoured
+# tool_calls / tool_call_id.
 MESSAGE_REFUSED: Mapping[str, tuple[Any, ...]] = {
-    "tool_calls": (None, []),
-    "tool_call_id": _NOT_SET,
     "function_call": _NOT_SET,
     "audio": _NOT_SET,
     "refusal": (None, ""),

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.errors import bad_request
 from server.openai_fields import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
@@ -140,10 +141,54 @@ class TextPart(_Request):
     text: str
 
 
+# OpenAI's rule for function names; it also keeps them plain in prompts and grammars.
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+MAX_TOOLS = 128  # OpenAI's limit
+
+
+class FunctionDefinition(_Request):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments object
+    strict: bool | None = None  # required/named choices always enforce the schema
+
+
+class ChatTool(_Request):
+    """One entry of `tools`. Only function tools exist in chat completions (check_fields
+    refuses others, e.g. `custom`, by name)."""
+
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ToolCallFunction(_Request):
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends JSON text; an object is taken as is
+
+
+class MessageToolCall(_Request):
+    """A call in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
 
     def check_fields(self, index: int) -> None:
         check_extra_fields(self.model_extra, MESSAGE_REFUSED, f"messages[{index}]", "messages")
@@ -162,11 +207,24 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
+    # Tool calling (server/tool_calls, docs/api.md#tool-calling).
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_fields(self) -> None:
         check_extra_fields(self.model_extra, CHAT_REFUSED, "the request")
         for index, message in enumerate(self.messages):
             message.check_fields(index)
+        for index, tool in enumerate(self.tools or ()):
+            if tool.type != "function":
+                raise bad_request(
+                    f"tools[{index}] has type {tool.type!r}; only function tools are supported",
+                    param="tools",
+                    code="unsupported_parameter",
+                )
+            if tool.function is None:
+                raise bad_request(f"tools[{index}] needs `function`", param="tools")
 
 
 class TokenizeRequest(_Request):
@@ -289,9 +347,22 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class ResponseFunctionCall(BaseModel):
+    name: str
+    arguments: str  # the arguments object as JSON text
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the answer is only tool calls
+    # Present only when the output held calls (request with tools, tool_choice not none).
+    tool_calls: Annotated[list[ResponseToolCall] | None, Field(exclude_if=_unset)] = None
 
 
 class ChatChoice(BaseModel):
@@ -312,7 +383,10 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: dict[str, str]  # {"role": "assistant"} first, then {"content": ...}
+    # {"role": "assistant", "content": ""} first, then {"content": ...}; with tools, also
+    # {"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]} and
+    # {"tool_calls": [{"index", "function": {"arguments": ...}}]} (OpenAI's delta shape).
+    delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

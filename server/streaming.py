@@ -30,8 +30,9 @@ def sse_event(payload: BaseModel | dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def with_error_event(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Pass events through; an OpenAIError (or any failure) becomes an error event. [DONE] last."""
+async def with_error_event(events: AsyncIterator[str], done: bool = True) -> AsyncIterator[str]:
+    """Pass events through; an OpenAIError (or any failure) becomes an error event. [DONE]
+    last, unless `done` is false (the Responses API's stream ends without it)."""
     try:
         async for event in events:
             yield event
@@ -40,15 +41,18 @@ async def with_error_event(events: AsyncIterator[str]) -> AsyncIterator[str]:
     except Exception as exc:
         log.exception("stream failed")
         yield sse_event(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}").body())
-    yield DONE
+    if done:
+        yield DONE
 
 
 class SSEResponse(StreamingResponse):
     """A text/event-stream response whose on_close runs exactly when the exchange is over."""
 
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, events: AsyncIterator[str], on_close: Callable[[], None], done: bool = True
+    ) -> None:
         super().__init__(
-            with_error_event(events),
+            with_error_event(events, done),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

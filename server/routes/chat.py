@@ -1,8 +1,14 @@
-"""POST /v1/chat/completions: messages through the tokenizer's chat template, streamed or not."""
+"""POST /v1/chat/completions: messages through the tokenizer's chat template, streamed or not.
+
+With tools (server/tool_calls), the template renders them (or meterserve's hermes prompt does,
+for a template without tools), `required` and named tool_choice constrain the output with a
+grammar, and calls are parsed from the text into `tool_calls`, whole or as streaming deltas.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
@@ -22,6 +28,8 @@ from server.protocol import (
     ChatLogprobs,
     ChatMessage,
     ChatTokenLogprob,
+    ResponseFunctionCall,
+    ResponseToolCall,
     StreamProgress,
     TopLogprob,
 )
@@ -47,6 +55,21 @@ from server.sampling import (
     text_options,
 )
 from server.streaming import sse_event
+from server.tool_calls import (
+    CallDelta,
+    ContentDelta,
+    FunctionTool,
+    HermesStreamParser,
+    StreamDelta,
+    ToolCall,
+    ToolChoice,
+    ToolPolicy,
+    conversation_for_template,
+    finish_reason_of,
+    parse_tool_calls,
+    resolve_tool_policy,
+    tool_call_constraint,
+)
 
 router = APIRouter()
 
@@ -61,13 +84,25 @@ async def create_chat_completion(request: Request) -> Response:
     stop = check_stop_strings(body.stop_strings)
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
     structured_output = structured_output_of(body)  # 400 when it does not compile
+    tools = tool_policy_of(body)
+    tool_constraint = tool_call_constraint(tools)  # required / named: calls always parse
+    if tool_constraint is not None:
+        if structured_output is not None:
+            raise bad_request(
+                "give response_format / structured_outputs or a tool_choice that forces a "
+                "call (required, a named function), not both",
+                param="tool_choice",
+            )
+        structured_output = tool_constraint
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise bad_request(
             "give max_completion_tokens or max_tokens, not both", param="max_completion_tokens"
         )
-    prompt = await apply_chat_template(client, body.messages, body.add_generation_prompt)
+    prompt = await apply_chat_template(
+        client, body.messages, body.add_generation_prompt, tools.tools
+    )
     requested = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -95,29 +130,56 @@ async def create_chat_completion(request: Request) -> Response:
     ]
     group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, [prompt], body.n, text_options(body, stop))
-    builder = _ChatBuilder(request_id, model, generation, token_texts(request), num_logprobs)
+    builder = _ChatBuilder(request_id, model, generation, token_texts(request), num_logprobs, tools)
     return await respond(
         request, client, group, generation, builder, body.stream, body.include_usage
     )
 
 
-async def apply_chat_template(
-    client: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool = True
-) -> list[int]:
-    """Render messages with the tokenizer's chat template, then tokenize the text as is; both
-    off the event loop when the messages are long."""
-    conversation = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in messages
+def tool_policy_of(body: ChatCompletionRequest) -> ToolPolicy:
+    """The request's tools and tool_choice as plain values, checked (400s naming them)."""
+    tools = [
+        FunctionTool(
+            t.function.name, t.function.description, t.function.parameters, t.function.strict
+        )
+        for t in body.tools or ()
+        if t.function is not None  # check_fields refused the others
     ]
+    choice = body.tool_choice
+    if choice is None:
+        resolved = None
+    elif isinstance(choice, str):
+        resolved = ToolChoice(choice)
+    else:
+        resolved = ToolChoice("named", choice.function.name)
+    return resolve_tool_policy(tools, resolved, body.parallel_tool_calls)
+
+
+async def apply_chat_template(
+    client: EngineClient,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    tools: Sequence[FunctionTool] = (),
+) -> list[int]:
+    """Render messages (and tools, with their tool-call history) with the tokenizer's chat
+    template, then tokenize the text as is; both off the event loop when the messages are
+    long."""
     tokenizer = client.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
+    conversation, tools_arg = conversation_for_template(
+        [_turn(m) for m in messages], tools, template
+    )
+    extra = {} if tools_arg is None else {"tools": tools_arg}
 
     def render() -> list[int]:
         try:
             text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         except Exception as exc:  # noqa: BLE001 - template errors (e.g. role order) are the user's
             raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
@@ -127,8 +189,30 @@ async def apply_chat_template(
     return await off_loop(render, sum(len(turn["content"]) for turn in conversation))
 
 
+def _turn(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates take it (OpenAI's shape; developer is system)."""
+    turn: dict[str, Any] = {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": message.text(),
+    }
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": call.type,
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    return turn
+
+
 class _ChatBuilder:
-    """Builds chat chunks and the final chat response from one Generation."""
+    """Builds chat chunks and the final chat response from one Generation. With tool calls to
+    parse, each choice's text goes through a hermes stream parser (streaming) or the parser
+    (at the end); otherwise the text is the content as it comes."""
 
     def __init__(
         self,
@@ -137,15 +221,22 @@ class _ChatBuilder:
         generation: Generation,
         texts: TokenTexts,
         num_logprobs: int | None,
+        tools: ToolPolicy,
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.generation = generation
         self.texts = texts
         self.num_logprobs = num_logprobs
+        self.tools = tools
         self.created = unix_time()
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        parsers = {}
+        if self.tools.parses_calls:
+            parsers = {
+                c.index: HermesStreamParser(self.tools.max_calls) for c in self.generation.choices
+            }
         for state in self.generation.choices:
             first = ChatChunkChoice(index=state.index, delta={"role": "assistant", "content": ""})
             yield sse_event(self._chunk([first]))
@@ -154,17 +245,32 @@ class _ChatBuilder:
             if update.progress_only:  # a prefill chunk that produced no token
                 yield sse_event(self._chunk([], progress))
                 continue
-            delta = {"content": update.text} if update.text else {}
             logprobs = None
             if self.num_logprobs is not None and update.logprobs:
                 logprobs = self._logprobs(update.logprobs)
-            choice = ChatChunkChoice(
-                index=update.index,
-                delta=delta,
-                logprobs=logprobs,
-                finish_reason=update.finish_reason,
-            )
-            yield sse_event(self._chunk([choice], progress))
+            parser = parsers.get(update.index)
+            finish_reason = update.finish_reason
+            if parser is None:
+                deltas: list[dict[str, Any]] = [{"content": update.text} if update.text else {}]
+            else:
+                parsed = parser.feed(update.text) if update.text else []
+                if finish_reason is not None:
+                    parsed += parser.finish()
+                    finish_reason = finish_reason_of(finish_reason, parser.num_calls > 0)
+                deltas = [d for delta in parsed for d in _delta_dicts(delta)]
+                if not (deltas or logprobs or progress or finish_reason):
+                    continue  # text held back (a call may be starting): nothing to say yet
+                deltas = deltas or [{}]
+            # One chunk per delta; the update's logprobs and progress ride on the first, its
+            # finish_reason on the last.
+            for k, delta in enumerate(deltas):
+                choice = ChatChunkChoice(
+                    index=update.index,
+                    delta=delta,
+                    logprobs=logprobs if k == 0 else None,
+                    finish_reason=finish_reason if k == len(deltas) - 1 else None,
+                )
+                yield sse_event(self._chunk([choice], progress if k == 0 else None))
         if include_usage:
             final = self._chunk([])
             final.usage = self.generation.usage()
@@ -182,15 +288,25 @@ class _ChatBuilder:
         )
 
     def response(self) -> ChatCompletionResponse:
-        choices = [
-            ChatChoice(
-                index=choice.index,
-                message=AssistantMessage(content=choice.detokenizer.text),
-                logprobs=self._logprobs(choice.logprobs) if self.num_logprobs is not None else None,
-                finish_reason=choice.finish_reason,
+        choices = []
+        for choice in self.generation.choices:
+            message = AssistantMessage(content=choice.detokenizer.text)
+            finish_reason = choice.finish_reason
+            if self.tools.parses_calls:
+                parsed = parse_tool_calls(choice.detokenizer.text, self.tools.max_calls)
+                calls = [_response_call(call) for call in parsed.tool_calls]
+                message = AssistantMessage(content=parsed.content, tool_calls=calls or None)
+                finish_reason = finish_reason_of(finish_reason, bool(calls))
+            choices.append(
+                ChatChoice(
+                    index=choice.index,
+                    message=message,
+                    logprobs=(
+                        self._logprobs(choice.logprobs) if self.num_logprobs is not None else None
+                    ),
+                    finish_reason=finish_reason,
+                )
             )
-            for choice in self.generation.choices
-        ]
         return ChatCompletionResponse(
             id=self.request_id,
             created=self.created,
@@ -215,3 +331,26 @@ class _ChatBuilder:
                 for e in entries
             ]
         )
+
+
+def _response_call(call: ToolCall) -> ResponseToolCall:
+    return ResponseToolCall(
+        id=call.id, function=ResponseFunctionCall(name=call.name, arguments=call.arguments)
+    )
+
+
+def _delta_dicts(delta: StreamDelta) -> list[dict[str, Any]]:
+    """A parsed delta in OpenAI's shape: content as is; a call as its header (id, name,
+    empty arguments), then its arguments as one fragment."""
+    if isinstance(delta, ContentDelta):
+        return [{"content": delta.text}]
+    assert isinstance(delta, CallDelta)
+    call = delta.call
+    header = {
+        "index": delta.index,
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": ""},
+    }
+    arguments = {"index": delta.index, "function": {"arguments": call.arguments}}
+    return [{"tool_calls": [header]}, {"tool_calls": [arguments]}]

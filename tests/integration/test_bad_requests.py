@@ -122,13 +122,18 @@ BAD_CASES = [
     ("seed-beyond-int64", CHAT, chat(seed=2**63), None, 400, "seed"),
     ("token-id-beyond-64-bits", COMPLETIONS, completion(prompt=[1, 2**80]), None, 400, "prompt"),
     ("max-tokens-beyond-64-bits", CHAT, chat(max_tokens=-(2**70)), None, 400, "max_tokens"),
+    ("functions-refused", CHAT, chat(functions=[{"name": "f"}]), None, 400, "functions"),
+    ("tool-type-custom", CHAT, chat(tools=[{"type": "custom", "custom": {}}]), None, 400, "tools"),
     (
-        "tools-refused",
+        "tool-choice-names-no-tool",
         CHAT,
-        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
         None,
         400,
-        "tools",
+        "tool_choice",
     ),
     (
         "response-format-schema-does-not-compile",
@@ -144,7 +149,7 @@ BAD_CASES = [
         "response_format",
     ),
     (
-        "tool-call-history-refused",
+        "tool-call-without-function",
         CHAT,
         chat(
             messages=[

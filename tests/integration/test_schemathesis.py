@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 EXAMPLES_PER_OPERATION = 25
 MAX_GENERATED_TOKENS = 4  # a valid request may ask for thousands; the fuzzer needs none
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +38,18 @@ def api_schema(fuzz_server: ServerProcess):
     return schemathesis.openapi.from_url(fuzz_server.base_url + "/openapi.json")
 
 
-def _bounded(body: object) -> object:
+def _bounded(body: object, path: str) -> object:
     """Keep valid generation requests short: cap what they may generate, never what they send."""
     if not isinstance(body, dict):
         return body
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in LIMIT_FIELDS:
         value = body.get(field)
         if _is_int(value) and value > MAX_GENERATED_TOKENS:
             body[field] = MAX_GENERATED_TOKENS
-    if not any(_is_int(body.get(f)) for f in ("max_tokens", "max_completion_tokens")):
-        body["max_tokens"] = MAX_GENERATED_TOKENS  # absent or null: the whole context
+    if not any(_is_int(body.get(f)) for f in LIMIT_FIELDS):
+        # absent or null: the whole context
+        limit = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+        body[limit] = MAX_GENERATED_TOKENS
     if _is_int(body.get("n")) and body["n"] > 2:
         body["n"] = 2
     return body
@@ -89,7 +92,7 @@ def test_no_input_gets_a_server_error(api_schema, fuzz_server: ServerProcess, mo
 
 def _call(case, server: ServerProcess) -> None:
     if case.body is not None and not isinstance(case.body, (bytes, str)):
-        case.body = _bounded(case.body)
+        case.body = _bounded(case.body, case.path)
     try:
         response = case.call(
             base_url=server.base_url,

@@ -15,8 +15,12 @@ from server.openai_fields import (
     COMPLETIONS_HONOURED,
     COMPLETIONS_REFUSED,
     IGNORED,
+    RESPONSES_HONOURED,
+    RESPONSES_IGNORED,
+    RESPONSES_REFUSED,
 )
 from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.responses_protocol import ResponsesRequest
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
@@ -47,6 +51,23 @@ def test_the_documented_table_is_the_code(heading, model, honoured, refused):
     assert not (set(refused) | IGNORED) & set(model.model_fields)
 
 
+def test_the_documented_responses_table_is_the_code():
+    table = _table("## `POST /v1/responses`")
+    assert {f for f, state in table.items() if state == "honoured"} == RESPONSES_HONOURED
+    assert {f for f, state in table.items() if state == "refused"} == set(RESPONSES_REFUSED)
+    assert {f for f, state in table.items() if state == "ignored"} == RESPONSES_IGNORED
+    assert RESPONSES_HONOURED <= set(ResponsesRequest.model_fields)
+    assert not (set(RESPONSES_REFUSED) | RESPONSES_IGNORED) & set(ResponsesRequest.model_fields)
+
+
+def test_every_field_of_the_sdks_responses_request_is_in_the_table():
+    """The installed `openai` package's request type is OpenAI's list of fields."""
+    from openai.types.responses.response_create_params import ResponseCreateParamsStreaming
+
+    sdk_fields = set(ResponseCreateParamsStreaming.__annotations__)
+    assert sdk_fields - set(_table("## `POST /v1/responses`")) == set()
+
+
 def _chat(**fields) -> ChatCompletionRequest:
     body = {"messages": [{"role": "user", "content": "hi"}]} | fields
     return ChatCompletionRequest.model_validate(body)
@@ -55,9 +76,9 @@ def _chat(**fields) -> ChatCompletionRequest:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("functions", [{"name": "f"}]),
         ("prediction", {"type": "content", "content": "x"}),
-        ("tool_choice", "required"),
+        ("function_call", {"name": "f"}),
         ("reasoning_effort", "low"),
         ("modalities", ["text", "audio"]),
     ],
@@ -72,8 +93,8 @@ def test_a_refused_field_with_a_real_value_is_a_400_naming_it(field, value):
 @pytest.mark.parametrize(
     "fields",
     [
-        {"tools": []},
-        {"tool_choice": "none"},
+        {"functions": []},
+        {"function_call": "none"},
         {"response_format": {"type": "text"}},
         {"modalities": ["text"]},
         {"user": "u1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto"},
@@ -84,16 +105,20 @@ def test_no_op_values_ignored_fields_and_unknown_fields_are_accepted(fields):
     _chat(**fields).check_fields()
 
 
-def test_a_tool_call_history_is_refused_not_dropped():
-    body = {
-        "messages": [
-            {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
-            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
-        ]
-    }
+def test_a_tool_call_history_is_kept_and_a_message_function_call_refused():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+    ]
+    request = ChatCompletionRequest.model_validate({"messages": messages})
+    request.check_fields()
+    assert request.messages[1].tool_calls[0].function.name == "f"
+    assert request.messages[2].tool_call_id == "c1"
+    messages[1] = {"role": "assistant", "content": None, "function_call": {"name": "f"}}
     with pytest.raises(OpenAIError) as raised:
-        ChatCompletionRequest.model_validate(body).check_fields()
+        ChatCompletionRequest.model_validate({"messages": messages}).check_fields()
     assert raised.value.param == "messages" and "messages[1]" in raised.value.message
 
 

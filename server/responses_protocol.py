@@ -1,0 +1,356 @@
+"""OpenAI Responses API models (`POST /v1/responses`, pydantic, the HTTP edge only).
+
+A Responses request becomes a chat request: `instructions` and `input` become chat messages
+(`messages()`), and the sampling fields become the `SamplingFields` every generation route
+builds its engine requests from (`sampling_fields()`), so the Responses API runs the chat
+path unchanged. meterserve is stateless: nothing is stored, `previous_response_id` and
+`conversation` are refused, and every response says `"store": false` whatever the request
+asked (OpenAI's default is to store; vLLM accepts `store` too).
+
+The response models mirror the wire format of the `openai` package's `Response` types (the
+SDK parses them; tests/integration/test_responses_api.py checks it); they are our own
+because the `openai` package is not a server dependency.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from server.errors import bad_request
+from server.openai_fields import (
+    RESPONSES_IGNORED,
+    RESPONSES_REFUSED,
+    RESPONSES_TEXT_REFUSED,
+    check_extra_fields,
+)
+from server.protocol import (
+    FUNCTION_NAME_PATTERN,
+    MAX_TOOLS,
+    ChatMessage,
+    JsonSchemaFormat,
+    MessageToolCall,
+    ResponseFormat,
+    SamplingFields,
+    ToolCallFunction,
+)
+from server.tool_calls import FunctionTool, ToolChoice
+
+# Fields that need stored state; named in their own 400 rather than the generic one.
+STATEFUL_FIELDS = ("previous_response_id", "conversation")
+
+
+class _Request(BaseModel):
+    # Strict like every request model (server/protocol.py); extra="allow" keeps the fields we
+    # do not model so check_fields() can refuse the ones we do not honour by name.
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+# ---- request ---------------------------------------------------------------------------
+
+
+class InputTextPart(_Request):
+    """A text part of an input message: `input_text`, or `output_text` when an earlier
+    response's output is sent back as input (its annotations and logprobs are not used)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(_Request):
+    """One message item of `input` (`type` may be left out, as the SDK's EasyInputMessage
+    does). `id` and `status` come back with an earlier response's output item; unused."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputTextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(_Request):
+    """A call the model made in an earlier turn (an output item sent back as input)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Request):
+    """The result of a call, for the model to read."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputTextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+def _item_type(item: Any) -> str:
+    """A message item may leave `type` out."""
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionToolParam(_Request):
+    """One entry of `tools`, in the Responses API's flat shape. Only function tools are
+    supported (check_fields refuses others, e.g. `web_search`, by name)."""
+
+    type: str
+    name: Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(_Request):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Request):
+    """`text.format`: Responses' flat spelling of chat's `response_format`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("a json_schema format needs `schema`")
+        return self
+
+    def response_format(self) -> ResponseFormat | None:
+        """The chat response_format that enforces this format (None: plain text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ResponseFormat(type="json_object")
+        schema = JsonSchemaFormat.model_validate(
+            {"name": self.name or "response", "schema": self.schema_, "strict": self.strict}
+        )
+        return ResponseFormat(type="json_schema", json_schema=schema)
+
+
+class TextConfig(_Request):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(_Request):
+    model: str | None = None
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    text: TextConfig | None = None
+    # Tool calling (server/tool_calls), as on chat.
+    tools: Annotated[list[FunctionToolParam], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # vLLM's extensions on its Responses API, as on chat (docs/api.md).
+    top_k: int | None = None
+    logit_bias: dict[str, float] | None = None
+    priority: int = 0
+    skip_special_tokens: bool = True
+
+    def check_fields(self) -> None:
+        """400 for a refused field (a stateful one with its own message); log the fields
+        OpenAI does not define."""
+        extra = {k: v for k, v in (self.model_extra or {}).items() if k not in RESPONSES_IGNORED}
+        for name in STATEFUL_FIELDS:
+            if extra.get(name) is not None:
+                raise bad_request(
+                    f"{name} is not supported: meterserve is stateless and stores no responses "
+                    "or conversations; send the whole conversation in `input`",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+        check_extra_fields(extra, RESPONSES_REFUSED, "the request")
+        if self.text is not None:
+            check_extra_fields(self.text.model_extra, RESPONSES_TEXT_REFUSED, "text", "text")
+        for index, tool in enumerate(self.tools or ()):
+            if tool.type != "function":
+                raise bad_request(
+                    f"tools[{index}] has type {tool.type!r}; only function tools are supported",
+                    param="tools",
+                    code="unsupported_parameter",
+                )
+            if tool.name is None:
+                raise bad_request(f"tools[{index}] needs `name`", param="tools")
+
+    def function_tools(self) -> list[FunctionTool]:
+        return [
+            FunctionTool(tool.name, tool.description, tool.parameters, tool.strict)
+            for tool in self.tools or ()
+            if tool.name is not None  # check_fields refused the others
+        ]
+
+    def tool_choice_value(self) -> ToolChoice | None:
+        choice = self.tool_choice
+        if choice is None or isinstance(choice, str):
+            return None if choice is None else ToolChoice(choice)
+        return ToolChoice("named", choice.name)
+
+    @property
+    def format(self) -> TextFormat:
+        if self.text is None or self.text.format is None:
+            return TextFormat(type="text")
+        return self.text.format
+
+    def messages(self) -> list[ChatMessage]:
+        """The chat conversation: `instructions` as the first (system) message, then `input`
+        (a string is one user message). A function_call item joins the assistant turn just
+        before it (Responses keeps an answer's text and calls as separate items; chat, as
+        one assistant message), and a function_call_output is a `tool` message."""
+        turns = []
+        if self.instructions is not None:
+            turns.append(ChatMessage(role="system", content=self.instructions))
+        if isinstance(self.input, str):
+            return [*turns, ChatMessage(role="user", content=self.input)]
+        for item in self.input:
+            if isinstance(item, InputMessage):
+                turns.append(ChatMessage(role=item.role, content=item.text()))
+            elif isinstance(item, FunctionCallOutputItem):
+                turns.append(
+                    ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id)
+                )
+            else:
+                call = MessageToolCall(
+                    id=item.call_id,
+                    function=ToolCallFunction(name=item.name, arguments=item.arguments),
+                )
+                if not turns or turns[-1].role != "assistant":
+                    turns.append(ChatMessage(role="assistant", content=None))
+                turns[-1].tool_calls = [*(turns[-1].tool_calls or []), call]
+        return turns
+
+    def sampling_fields(self) -> SamplingFields:
+        """The chat sampling fields this request means (n is always 1)."""
+        return SamplingFields(
+            model=self.model,
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            logit_bias=self.logit_bias,
+            priority=self.priority,
+            skip_special_tokens=self.skip_special_tokens,
+            stream=self.stream,
+            response_format=self.format.response_format(),
+        )
+
+
+# ---- response --------------------------------------------------------------------------
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class OutputFunctionCall(BaseModel):
+    """A call the model made: `call_id` pairs it with the function_call_output the client
+    sends back."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # the arguments object as JSON text
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+OutputItem = OutputMessage | OutputFunctionCall
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    # OpenAI's separately billed writes of explicit prompt caching; meterserve bills every
+    # uncached input token alike, so none is a cache write.
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    """Responses' token counts, plus the meter's extension fields chat's `usage` carries
+    (cost_usd, revenue_usd, seconds, FLOPs; docs/metrics.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponsesResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None = None
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    model: str
+    output: list[OutputItem]
+    max_output_tokens: int | None = None
+    temperature: float
+    top_p: float
+    text: dict[str, Any]  # {"format": the request's text.format, or {"type": "text"}}
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    previous_response_id: None = None
+    store: Literal[False] = False  # stateless: nothing can be retrieved by this id
+    background: Literal[False] = False
+    truncation: Literal["disabled"] = "disabled"
+    usage: ResponseUsage | None = None

@@ -1,0 +1,83 @@
+"""The grammar that makes `required` and named tool_choice always parse.
+
+The output is forced into the hermes format the prompt asks for, each call's arguments into
+its function's parameters schema:
+
+    named:     <tool_call>\\n{"name": "<name>", "arguments": <schema>}\\n</tool_call>
+    required:  one such call to any tool, then more separated by "\\n" (only one when
+               parallel_tool_calls is false)
+
+then EOS. It is built as an xgrammar structural tag (a tag per tool: a constant begin naming
+the function, the parameters schema as content, a constant end; `tags_with_separator` for
+required), and handed to the engine as the EBNF text of that grammar: the engine's
+structured-output path (engine/structured_output.py) takes EBNF as the `grammar` kind, so
+tool calls need no new constraint kind there, and are compiled and cached like any grammar.
+JSON inside allows at most one whitespace character in a row: a small model left free
+whitespace can spend its whole budget on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import xgrammar as xgr
+
+from engine.structured_output import grammar_of
+from scheduler.sampling_params import StructuredOutput
+from server.errors import bad_request
+from server.tool_calls.hermes import TOOL_CALL_END, TOOL_CALL_START
+from server.tool_calls.tools import FunctionTool, ToolPolicy
+
+CALL_SEPARATOR = "\n"
+MAX_WHITESPACE = 1  # consecutive whitespace characters allowed inside the arguments' JSON
+
+
+def tool_call_constraint(policy: ToolPolicy, tools_param: str = "tools") -> StructuredOutput | None:
+    """The constraint for the policy's tool_choice (None for auto and none); a parameters
+    schema xgrammar cannot compile is a 400 naming `tools_param`."""
+    tools = policy.forced_tools
+    if not tools:
+        return None
+    if policy.mode == "named":
+        fmt = _call_tag(tools[0])
+    else:
+        fmt = {
+            "type": "tags_with_separator",
+            "tags": [_call_tag(tool) for tool in tools],
+            "separator": CALL_SEPARATOR,
+            "at_least_one": True,
+            "stop_after_first": policy.max_calls == 1,
+        }
+    try:
+        grammar = xgr.Grammar.from_structural_tag({"type": "structural_tag", "format": fmt})
+        constraint = StructuredOutput("grammar", str(grammar))
+        grammar_of(constraint)  # the EBNF text reads back (the engine compiles exactly this)
+    except Exception as exc:  # noqa: BLE001 - whatever a schema breaks in xgrammar is the user's
+        names = ", ".join(tool.name for tool in tools)
+        raise bad_request(
+            f"{tools_param}: the parameters schema of {names} cannot be enforced: "
+            f"{_first_line(exc)}",
+            param=tools_param,
+        ) from None
+    return constraint
+
+
+def _call_tag(tool: FunctionTool) -> dict[str, Any]:
+    return {
+        "type": "tag",
+        "begin": f'{TOOL_CALL_START}\n{{"name": {json.dumps(tool.name)}, "arguments": ',
+        "content": {
+            "type": "json_schema",
+            "json_schema": tool.parameters_schema,
+            "max_whitespace_cnt": MAX_WHITESPACE,
+        },
+        "end": f"}}\n{TOOL_CALL_END}",
+    }
+
+
+def _first_line(exc: Exception) -> str:
+    """The message without xgrammar's "[time] file.cc:line: " prefix."""
+    lines = str(exc).strip().splitlines()
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0]) if lines else type(exc).__name__
