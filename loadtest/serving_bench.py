@@ -47,6 +47,7 @@ class BenchConfig:
     seed: int | None = None  # request i of a level sends seed + i; None sends no seed
     api_key: str = ""
     timeout_s: float = 600.0
+    response_format: str | None = None  # "json_object": every request constrained to JSON
 
     def requests_at(self, concurrency: int) -> int:
         return self.num_requests or max(8, 2 * concurrency)
@@ -90,6 +91,8 @@ def build_body(cfg: BenchConfig, prompt: str, index: int = 0) -> dict:
         body["top_p"] = cfg.top_p
     if cfg.seed is not None:
         body["seed"] = cfg.seed + index
+    if cfg.response_format is not None:
+        body["response_format"] = {"type": cfg.response_format}
     if cfg.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -234,6 +237,7 @@ def result_json(cfg: BenchConfig, label: str, results: list[LevelResult]) -> str
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,
             "seed": cfg.seed,
+            "response_format": cfg.response_format,
             "levels": [asdict(r) for r in results],
         },
         separators=(",", ":"),
@@ -265,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; sent only when < 1")
     p.add_argument(
         "--seed", type=int, default=None, help="request i of a level sends seed+i (default none)"
+    )
+    p.add_argument(
+        "--response-format",
+        choices=["json_object"],
+        default=None,
+        help="constrain every request (structured output); a finished object ends it early",
     )
     p.add_argument(
         "--tokenizer",
@@ -303,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=levels, num_requests=args.num_requests, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, temperature=args.temperature, top_p=args.top_p,
         seed=args.seed, api_key=args.api_key, timeout_s=args.timeout,
+        response_format=args.response_format,
     )  # fmt: skip
     source = TextSource(load_tokenizer(args.tokenizer))
     prompts = make_prompts(source, max(cfg.requests_at(c) for c in levels), cfg.prompt_tokens)

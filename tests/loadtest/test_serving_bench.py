@@ -103,3 +103,11 @@ def test_bench_command_against_the_real_server(main_server: Server, decoding: li
         assert level["mean_prompt_tokens"] == 128  # exact prompts, as the server counted them
         assert level["output_tokens_per_s"] > 0 and level["ttft_s"]["p50"] > 0
         assert level["itl_s"]["count"] > 0
+
+
+def test_response_format_constrains_every_request_only_when_asked() -> None:
+    args = build_parser().parse_args(["--response-format", "json_object"])
+    assert args.response_format == "json_object"
+    cfg = BenchConfig(base_url="http://x", model="m", response_format="json_object")
+    assert build_body(cfg, "hi")["response_format"] == {"type": "json_object"}
+    assert "response_format" not in build_body(BenchConfig(base_url="http://x", model="m"), "hi")
