@@ -47,7 +47,8 @@ class BenchConfig:
     seed: int | None = None  # request i of a level sends seed + i; None sends no seed
     api_key: str = ""
     timeout_s: float = 600.0
-    response_format: str | None = None  # "json_object": every request constrained to JSON
+    # Structured output for every request: {"type": "json_object"} or a json_schema format.
+    response_format: dict | None = None
 
     def requests_at(self, concurrency: int) -> int:
         return self.num_requests or max(8, 2 * concurrency)
@@ -91,8 +92,9 @@ def build_body(cfg: BenchConfig, prompt: str, index: int = 0) -> dict:
         body["top_p"] = cfg.top_p
     if cfg.seed is not None:
         body["seed"] = cfg.seed + index
-    if cfg.response_format is not None:
-        body["response_format"] = {"type": cfg.response_format}
+    if cfg.response_format is not None:  # a finished object ends it: ignore_eos is refused
+        body["response_format"] = cfg.response_format
+        del body["ignore_eos"]
     if cfg.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -272,9 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--response-format",
-        choices=["json_object"],
         default=None,
-        help="constrain every request (structured output); a finished object ends it early",
+        help="constrain every request: json_object, or a JSON schema file (a schema whose "
+        "output outlasts --output-tokens keeps every row constrained for the whole run)",
     )
     p.add_argument(
         "--tokenizer",
@@ -291,6 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a previous run's JSON line (e.g. a peer's) to print ratios against",
     )
     return p
+
+
+def response_format(option: str | None) -> dict | None:
+    """--response-format: None, json_object, or the path of a JSON schema."""
+    if option is None:
+        return None
+    if option == "json_object":
+        return {"type": "json_object"}
+    schema = json.loads(Path(option).read_text())
+    return {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=levels, num_requests=args.num_requests, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, temperature=args.temperature, top_p=args.top_p,
         seed=args.seed, api_key=args.api_key, timeout_s=args.timeout,
-        response_format=args.response_format,
+        response_format=response_format(args.response_format),
     )  # fmt: skip
     source = TextSource(load_tokenizer(args.tokenizer))
     prompts = make_prompts(source, max(cfg.requests_at(c) for c in levels), cfg.prompt_tokens)

@@ -16,6 +16,7 @@ from loadtest.serving_bench import (
     build_parser,
     level_result,
     make_prompts,
+    response_format,
 )
 from loadtest.sse import StreamTiming
 from loadtest.text import TextSource, load_tokenizer
@@ -105,9 +106,16 @@ def test_bench_command_against_the_real_server(main_server: Server, decoding: li
         assert level["itl_s"]["count"] > 0
 
 
-def test_response_format_constrains_every_request_only_when_asked() -> None:
-    args = build_parser().parse_args(["--response-format", "json_object"])
-    assert args.response_format == "json_object"
-    cfg = BenchConfig(base_url="http://x", model="m", response_format="json_object")
-    assert build_body(cfg, "hi")["response_format"] == {"type": "json_object"}
+def test_response_format_constrains_every_request_only_when_asked(tmp_path) -> None:
+    assert response_format("json_object") == {"type": "json_object"} and not response_format(None)
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text('{"type": "object"}')
+    assert response_format(str(schema_file)) == {
+        "type": "json_schema",
+        "json_schema": {"name": "bench", "schema": {"type": "object"}},
+    }
+    cfg = BenchConfig(base_url="http://x", model="m", response_format={"type": "json_object"})
+    constrained = build_body(cfg, "hi")
+    assert constrained["response_format"] == {"type": "json_object"}
+    assert "ignore_eos" not in constrained  # servers refuse it beside a grammar
     assert "response_format" not in build_body(BenchConfig(base_url="http://x", model="m"), "hi")
