@@ -8,6 +8,10 @@ Sources:
 Converting a GGUF file takes ~20 s on 2 cores, so the converted checkpoint is cached as a
 plain HF directory (safetensors) under $METERSERVE_CACHE_DIR (default ~/.cache/meterserve),
 keyed by the file's path, size and mtime. The cache holds exactly what the GGUF reader gave.
+
+Weights are not read here: a checkpoint's `weights` reads one tensor per access, so the model
+can take each tensor, cast it and keep it before the next is read. Peak memory while loading is
+then the served weights plus the largest tensor in flight, not a second copy of the model.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,13 +39,43 @@ class ModelLoadError(RuntimeError):
     """A model is missing or unsupported; the message is one line meant for the user."""
 
 
+class CheckpointWeights(Mapping[str, torch.Tensor]):
+    """The tensors of a directory's *.safetensors files by Hugging Face name, read on access.
+
+    Each access reads that one tensor with pread(2) into fresh memory owned by the caller: no
+    file pages are mapped into this process (an mmap'd file's touched pages count toward its
+    resident memory until unmapped), and nothing is cached, so a tensor the caller drops is
+    freed. Read each tensor once.
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        from safetensors import safe_open
+
+        self._file_of: dict[str, Path] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:  # reads the header only
+                self._file_of.update(dict.fromkeys(handle.keys(), file))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self._file_of[name]), framework="pt", backend="pread") as handle:
+            return handle.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+
 @dataclass(slots=True)
 class LoadedCheckpoint:
-    """Everything the runner needs from disk. state_dict uses Hugging Face parameter names."""
+    """Everything the runner needs from disk. weights uses Hugging Face parameter names."""
 
     config: object  # transformers PretrainedConfig
     tokenizer: object  # transformers tokenizer
-    state_dict: dict[str, torch.Tensor]
+    weights: CheckpointWeights
     name: str  # a display name, e.g. "SmolLM2-135M-Instruct"
     source: str  # the resolved path
     # transformers GenerationConfig from generation_config.json, when the directory has one
@@ -108,7 +143,6 @@ def _display_name(path: Path) -> str:
 
 
 def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     if not (path / "config.json").is_file():
@@ -121,9 +155,10 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {path}")
-    state_dict: dict[str, torch.Tensor] = {}
-    for file in files:
-        state_dict.update(load_file(str(file)))
+    try:
+        weights = CheckpointWeights(files)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read weights in {path}: {_one_line(exc)}") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:
@@ -131,7 +166,7 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
     return LoadedCheckpoint(
         config,
         tokenizer,
-        state_dict,
+        weights,
         name=name,
         source=source,
         generation_config=_load_generation_config(path),
@@ -173,8 +208,12 @@ def _gguf_cache_dir(path: Path) -> Path:
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("METERSERVE_CACHE_DIR", Path.home() / ".cache" / "meterserve"))
-    return root / f"{path.stem}-{digest}"
+    return cache_root() / f"{path.stem}-{digest}"
+
+
+def cache_root() -> Path:
+    """Where converted and generated checkpoints are kept: $METERSERVE_CACHE_DIR."""
+    return Path(os.environ.get("METERSERVE_CACHE_DIR", Path.home() / ".cache" / "meterserve"))
 
 
 def _convert_gguf(path: Path, hf_dir: Path) -> None:

@@ -30,7 +30,7 @@ from engine.models.packed_linear import (
     pack_linears,
     packing_available,
 )
-from engine.quantized_weights import read_quantized_weights, repack
+from engine.quantized_weights import RepackedWeight, read_quantized_weights, repack
 from engine.sampler import Sampler
 from engine.structured_output import StructuredOutputs
 from scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput, TokenLogprobs
@@ -103,33 +103,34 @@ class ModelRunner:
             self.dtype,
             make_layer_ops(self.kernels),
         )
-        self.model.load_weights(checkpoint.state_dict)
-        self.model.to(self.dtype).eval()
+        self.model.load_weights(checkpoint.weights)  # already in self.dtype
+        self.model.eval()
         self.shape = self.model.shape
         self.num_params = _count_params(self.model)
         self.num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks
         if self.dtype == torch.bfloat16 and packing_available():
-            pack_linears(self.model, self.kernels)
-            if self.kernels is not None and config.gguf_matvec:
-                self.num_gguf_matvec_layers = self._use_gguf_blocks(checkpoint)
+            use_blocks = self.kernels is not None and config.gguf_matvec
+            blocks = self._gguf_blocks(checkpoint) if use_blocks else {}
+            self.num_gguf_matvec_layers = len(blocks)
+            pack_linears(self.model, self.kernels, blocks)  # consumes blocks
         self.sampler = Sampler(kernels=self.kernels)
         # Grammar matchers of constrained requests, beside the sampler (same lifetime rule).
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
 
-    def _use_gguf_blocks(self, checkpoint: LoadedCheckpoint) -> int:
+    def _gguf_blocks(self, checkpoint: LoadedCheckpoint) -> dict[torch.nn.Module, RepackedWeight]:
+        """Our bias-free linear layers (not packed yet) -> their GGUF blocks in the layout the
+        kernels read; packing hands each its blocks, dropping its row-major copy at once."""
         if checkpoint.gguf_path is None:
-            return 0
-        blocks = read_quantized_weights(
-            checkpoint.gguf_path, checkpoint.config, checkpoint.state_dict
-        )
-        count = 0
-        for module, weight in self.model.quantized_linears(blocks):
-            if isinstance(module, PackedLinear) and module.bias is None:
-                module.use_quantized(repack(weight))
-                count += 1
-        log.info("%d linear layers run decode matvecs on GGUF blocks", count)
-        return count
+            return {}
+        found = read_quantized_weights(checkpoint.gguf_path, checkpoint.config, checkpoint.weights)
+        blocks = {
+            module: repack(weight)
+            for module, weight in self.model.quantized_linears(found)
+            if module.bias is None
+        }
+        log.info("%d linear layers run decode matvecs on GGUF blocks", len(blocks))
+        return blocks
 
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,11 +106,11 @@ def repack(weight: QuantizedTensor) -> RepackedWeight:
 
 
 def read_quantized_weights(
-    gguf_path: Path, config, state_dict: dict[str, torch.Tensor]
+    gguf_path: Path, config, float_weights: Mapping[str, torch.Tensor]
 ) -> dict[str, QuantizedTensor]:
     """HF name -> QuantizedTensor for every Q4_1/Q8_0 linear weight of a Llama-family GGUF.
 
-    Only weights that dequantize bit-exactly to `state_dict`'s float conversion are returned.
+    Only weights that dequantize bit-exactly to `float_weights`' conversion are returned.
     """
     if config.model_type not in ("llama", "mistral"):
         return {}  # other families' GGUF layouts are not mapped here
@@ -121,10 +122,16 @@ def read_quantized_weights(
         name = _hf_name(tensor.name)
         if kind not in BLOCK_BYTES or name is None:
             continue
-        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
-        weight = QuantizedTensor(kind, blocks, int(tensor.shape[0]))
+        weight = QuantizedTensor(kind, _read_blocks(gguf_path, tensor), int(tensor.shape[0]))
         found[name] = _undo_rope_permutation(weight, tensor.name, config)
-    return {name: w for name, w in found.items() if _matches(name, w, state_dict)}
+    return {name: w for name, w in found.items() if _matches(name, w, float_weights)}
+
+
+def _read_blocks(gguf_path: Path, tensor) -> torch.Tensor:
+    """A tensor's bytes read from the file (not through the reader's memory map, whose touched
+    pages would count toward this process's resident memory until the reader is gone)."""
+    data = np.fromfile(gguf_path, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.data_offset)
+    return torch.from_numpy(data.reshape(tensor.data.shape))
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -152,9 +159,21 @@ def _undo_rope_permutation(weight: QuantizedTensor, gguf_name: str, config) -> Q
     return weight.take_rows(order)
 
 
-def _matches(name: str, weight: QuantizedTensor, state_dict: dict[str, torch.Tensor]) -> bool:
-    reference = state_dict.get(name)
-    if reference is not None and torch.equal(weight.dequantize(), reference.float()):
+def _matches(name: str, weight: QuantizedTensor, float_weights: Mapping[str, torch.Tensor]) -> bool:
+    reference = float_weights.get(name)
+    if reference is not None and _equal_by_rows(weight, reference):
         return True
     log.warning("GGUF blocks of %s do not match its float conversion; not used", name)
     return False
+
+
+def _equal_by_rows(weight: QuantizedTensor, reference: torch.Tensor, rows: int = 1024) -> bool:
+    """weight.dequantize() == reference, compared `rows` rows at a time: dequantizing a whole
+    embedding at once takes a few float32 copies of it."""
+    if tuple(reference.shape) != (weight.rows, weight.cols):
+        return False
+    for first in range(0, weight.rows, rows):
+        part = QuantizedTensor(weight.kind, weight.blocks[first : first + rows], weight.cols)
+        if not torch.equal(part.dequantize(), reference[first : first + rows].float()):
+            return False
+    return True

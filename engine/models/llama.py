@@ -5,10 +5,16 @@ Family differences are flags read from the HF config:
 - Qwen3: RMSNorm over each head of q and k before RoPE;
 - tied or untied LM head (`tie_word_embeddings`).
 Weights keep Hugging Face names except q/k/v and gate/up, which are fused at load time.
+
+The model is built on the meta device (shapes only, no memory); load_weights gives every
+parameter its tensor from the checkpoint, already in the serving dtype, one at a time, and a
+tied LM head is the embedding's own tensor. So loading holds one copy of the weights, plus
+the tensor being read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -129,18 +135,25 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """forward() returns final hidden states; compute_logits() runs the LM head on chosen rows."""
+    """forward() returns final hidden states; compute_logits() runs the LM head on chosen rows.
+
+    Parameters stay on the meta device until load_weights() (the RoPE tables are real)."""
 
     def __init__(self, config, backend, max_positions: int, dtype: torch.dtype, ops=None) -> None:
         super().__init__()
         self.shape = shape = LlamaShape.from_config(config)
+        self.dtype = dtype
         self.ops = ops = ops or TorchLayerOps()
-        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(shape, backend, ops) for _ in range(shape.num_layers)
-        )
-        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        with torch.device("meta"):
+            # _weight skips the normal_() init, whose meta kernel would import ~150 MB of
+            # torch._refs/sympy modules into the process; every other init op has a C++ one.
+            size = (shape.vocab_size, shape.hidden_size)
+            self.embed_tokens = nn.Embedding(*size, _weight=torch.empty(size))
+            self.layers = nn.ModuleList(
+                DecoderLayer(shape, backend, ops) for _ in range(shape.num_layers)
+            )
+            self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+            self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config, shape.head_dim, max_positions, dtype)
 
     @torch.inference_mode()
@@ -159,48 +172,45 @@ class LlamaForCausalLM(nn.Module):
         """Logits in the model's dtype; the sampler widens them only when it must."""
         return self.lm_head(hidden)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy HF-named weights in, fusing q/k/v and gate/up; fail loudly on anything missing."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Give every parameter its HF-named checkpoint tensor in self.dtype, fusing q/k/v and
+        gate/up; fail loudly on anything missing. Reads each checkpoint tensor once."""
+        names = {k.removeprefix("model."): k for k in weights}
 
-        def put(name: str, tensor: torch.Tensor) -> None:
-            target = params[name]
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
-                )
-            target.data.copy_(tensor)
-            loaded.add(name)
+        def read(name: str) -> torch.Tensor:
+            if name not in names:
+                raise ValueError(f"weight missing from checkpoint: {name}")
+            return weights[names[name]]
 
-        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
-        put("embed_tokens.weight", sd["embed_tokens.weight"])
-        put("norm.weight", sd["norm.weight"])
-        head = sd.get("lm_head.weight")
-        if head is None or self.shape.tie_word_embeddings:
-            head = sd["embed_tokens.weight"]
-        put("lm_head.weight", head)
+        def put(ours: str, sources: tuple[str, ...]) -> None:
+            target = self.get_parameter(ours)
+            tensor = _fuse(ours, [read(s) for s in sources], target.shape, self.dtype)
+            module, _, leaf = ours.rpartition(".")
+            setattr(self.get_submodule(module), leaf, nn.Parameter(tensor, requires_grad=False))
+
+        put("embed_tokens.weight", ("embed_tokens.weight",))
+        put("norm.weight", ("norm.weight",))
+        if self.shape.tie_word_embeddings or "lm_head.weight" not in names:
+            self.lm_head.weight = self.embed_tokens.weight  # one tensor serves both
+        else:
+            put("lm_head.weight", ("lm_head.weight",))
         for i in range(self.shape.num_layers):
-            self._load_layer(i, sd, put)
-        missing = set(params) - loaded
+            self._load_layer(f"layers.{i}.", put)
+        missing = [n for n, p in self.named_parameters(remove_duplicate=False) if p.is_meta]
         if missing:
-            raise ValueError(f"weights missing from checkpoint: {sorted(missing)[:5]}")
+            raise ValueError(f"weights missing from checkpoint: {missing[:5]}")
 
-    def _load_layer(self, i: int, sd: dict[str, torch.Tensor], put) -> None:
-        prefix = f"layers.{i}."
+    def _load_layer(self, prefix: str, put) -> None:
         for ours, sources in LINEAR_SOURCES.items():
-            put(f"{prefix}{ours}.weight", torch.cat([sd[f"{prefix}{s}.weight"] for s in sources]))
+            put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
         if self.shape.attention_bias:
             sources = LINEAR_SOURCES["self_attn.qkv_proj"]
-            put(
-                f"{prefix}self_attn.qkv_proj.bias",
-                torch.cat([sd[f"{prefix}{s}.bias"] for s in sources]),
-            )
+            put(f"{prefix}self_attn.qkv_proj.bias", tuple(f"{prefix}{s}.bias" for s in sources))
+        norms = ["input_layernorm", "post_attention_layernorm"]
         if self.shape.qk_norm:
-            for norm in ("self_attn.q_norm", "self_attn.k_norm"):
-                put(f"{prefix}{norm}.weight", sd[f"{prefix}{norm}.weight"])
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            put(f"{prefix}{norm}.weight", sd[f"{prefix}{norm}.weight"])
+            norms += ["self_attn.q_norm", "self_attn.k_norm"]
+        for norm in norms:
+            put(f"{prefix}{norm}.weight", (f"{prefix}{norm}.weight",))
 
     def quantized_linears(self, quantized: dict[str, QuantizedTensor]):
         """(our linear module, its weight as GGUF blocks) for every linear whose source
@@ -216,6 +226,23 @@ class LlamaForCausalLM(nn.Module):
                 parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
                 if all(p is not None for p in parts):
                     yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
+
+
+def _fuse(name: str, parts: list[torch.Tensor], shape: torch.Size, dtype) -> torch.Tensor:
+    """parts stacked by rows, in dtype: one part is cast (no copy when already in dtype);
+    several are written into one new tensor, so no stacked copy in the file's dtype exists."""
+    rows = sum(p.shape[0] for p in parts)
+    if (rows, *parts[0].shape[1:]) != tuple(shape):
+        found = " + ".join(str(tuple(p.shape)) for p in parts)
+        raise ValueError(f"{name}: checkpoint shape {found} != {tuple(shape)}")
+    if len(parts) == 1:
+        return parts[0].to(dtype).contiguous()
+    fused = torch.empty(shape, dtype=dtype)
+    first = 0
+    for part in parts:
+        fused[first : first + part.shape[0]].copy_(part)
+        first += part.shape[0]
+    return fused
 
 
 # Our fused linear layers and the Hugging Face weights stacked (by rows) into each.

@@ -2,12 +2,17 @@
 
 Plain F.linear in bf16 re-lays-out the weight on every call; on this class of CPU (AMX) that
 costs more than the matmul at decode batch sizes. So the weight is laid out once at load time:
+- more than SMALL_BATCH_ROWS rows: amx_linear over AMX tiles when the kernels have AMX and the
+  shape tiles evenly, else oneDNN's blocked layout (as PyTorch's inductor packs with weight
+  freezing);
 - up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests), when the
-  native kernels are built: small_batch_linear over the plain row-major weight (oneDNN streams
-  a packed weight at only ~10 GB/s for one row), or, for a GGUF model, quantized_linear over
-  the file's own 4/8-bit blocks (use_quantized), a quarter of the bytes to stream;
-- more rows: amx_linear over AMX tiles when the kernels have AMX and the shape tiles evenly,
-  else oneDNN's blocked layout (as PyTorch's inductor packs with weight freezing).
+  native kernels are built: for a GGUF model, quantized_linear over the file's own 4/8-bit
+  blocks (use_quantized), a quarter of the bytes to stream; else, on an AMX CPU,
+  small_batch_linear over the plain row-major weight (oneDNN on AMX streams a packed weight at
+  only ~10 GB/s for one row); without AMX, the same blocked layout as larger batches: oneDNN's
+  AVX512-BF16 kernels stream it faster than small_batch_linear (AMD EPYC, 1.5B shapes, 1-4
+  rows: 4.4 vs 5.9 ms for one row of the 49152 x 2048 head), and no second copy is kept.
+Each layer thus holds one bf16 layout of its weight, or two on AMX CPUs (tiles and row-major).
 Only used for bfloat16; float32 keeps nn.Linear (the exactness tests run in float32 against
 Hugging Face).
 """
@@ -28,9 +33,10 @@ def packing_available() -> bool:
 
 class PackedLinear(nn.Module):
     """Owns one linear layer's weight in the layouts its batch sizes need:
-    rows <= SMALL_BATCH_ROWS: `weight` (row-major) or `quantized` (GGUF blocks), via kernels;
-    more rows: `amx_weight` (AMX tiles, when the kernels have AMX and the shape tiles evenly),
-    else `packed_weight` (oneDNN)."""
+    more than SMALL_BATCH_ROWS rows: `amx_weight` (AMX tiles, when the kernels have AMX and the
+    shape tiles evenly), else `packed_weight` (oneDNN);
+    rows <= SMALL_BATCH_ROWS: `quantized` (GGUF blocks) or `weight` (row-major, kept only on
+    AMX CPUs), via kernels; else the large-batch layout."""
 
     def __init__(self, linear: nn.Linear, kernels=None) -> None:
         super().__init__()
@@ -39,7 +45,8 @@ class PackedLinear(nn.Module):
         self.in_features = in_features
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.kernels = kernels
-        self.weight = weight.contiguous() if kernels is not None else None
+        amx = kernels is not None and kernels.amx_available()
+        self.weight = weight.contiguous() if amx else None
         self.quantized: RepackedWeight | None = None  # set by use_quantized()
         self.amx_weight = None
         self.packed_weight = None
@@ -59,7 +66,7 @@ class PackedLinear(nn.Module):
         """Bytes of weight (and bias) one forward over num_rows rows streams, as the path
         forward() takes for that many rows reads them (the meter's bytes moved)."""
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        if self.kernels is not None and 0 < num_rows <= SMALL_BATCH_ROWS:
+        if self._small_batch_path(num_rows):
             q = self.quantized
             if q is None:
                 return _nbytes(self.weight) + bias
@@ -67,9 +74,14 @@ class PackedLinear(nn.Module):
         # The AMX tiles and oneDNN's blocked layout hold the same bf16 values, re-laid out.
         return self.out_features * self.in_features * 2 + bias
 
+    def _small_batch_path(self, num_rows: int) -> bool:
+        """Whether num_rows rows go to the small-batch kernels (GGUF blocks or row-major)."""
+        has_layout = self.weight is not None or self.quantized is not None
+        return has_layout and 0 < num_rows <= SMALL_BATCH_ROWS
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if self.kernels is not None and 0 < flat.shape[0] <= SMALL_BATCH_ROWS:
+        if self._small_batch_path(flat.shape[0]):
             out = self._small_batch(flat.contiguous())
         elif self.amx_weight is not None:
             out = self.kernels.amx_linear(flat, self.amx_weight, self.bias)
@@ -96,12 +108,31 @@ def _amx_fits(kernels, out_features: int, in_features: int) -> bool:
     return out_features % 32 == 0 and in_features % 32 == 0
 
 
-def pack_linears(model: nn.Module, kernels=None) -> int:
-    """Swap every bf16 nn.Linear in `model` for a PackedLinear; returns how many."""
+def pack_linears(
+    model: nn.Module, kernels=None, quantized: dict[nn.Module, RepackedWeight] | None = None
+) -> int:
+    """Swap every bf16 nn.Linear in `model` for a PackedLinear, one layer at a time, so only
+    one layer's new layout is in flight beside the weights. A layer found in `quantized`
+    serves small batches from those blocks (use_quantized) and its row-major weight is freed
+    before the next layer is packed: entries are popped, as a key holds its layer alive.
+    Returns how many were swapped."""
+    quantized = {} if quantized is None else quantized
     count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, PackedLinear(child, kernels))
-                count += 1
+    # Parents only: a list of every module would keep each replaced nn.Linear (and so its
+    # weight) alive until the end.
+    parents = [m for m in model.modules() if any(_packs(c) for c in m.children())]
+    for parent in parents:
+        names = [name for name, child in parent.named_children() if _packs(child)]
+        for name in names:
+            child = getattr(parent, name)
+            packed = PackedLinear(child, kernels)
+            blocks = quantized.pop(child, None)
+            if blocks is not None:
+                packed.use_quantized(blocks)
+            setattr(parent, name, packed)
+            count += 1
     return count
+
+
+def _packs(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16

@@ -44,3 +44,15 @@ def test_unseeded_sampling_sends_no_seed() -> None:
 def test_out_of_range_decoding_flags_are_rejected(flags: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(flags)
+
+
+def test_random_model_flags() -> None:
+    args = parse_args(["--random-model", "1.5b", "--model-dir", "/tmp/x"])
+    assert (args.random_model, args.model_dir, args.model) == ("1.5b", "/tmp/x", "default")
+    for wrong in (
+        ["--random-model", "0.5b", "--model", "/some/dir"],  # two models named
+        ["--model-dir", "/tmp/x"],  # a build directory with nothing to build
+        ["--random-model", "7b"],  # not a size the bench builds
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(wrong)
