@@ -8,6 +8,12 @@ Both run in this process on the same weights, dtype and prompts:
   (meterserve from its engine timestamps, HF as (t(G+1 tokens) - t(1 token)) / G).
 - decoding: greedy by default; --temperature > 0 (with --top-p) samples, in both systems. With
   --seed S, batch request i gets seed S + i (the single stream S + N), so a run is reproducible.
+- model: --model (default: the embedded SmolLM2-135M), or --random-model 0.5b|1.5b: a random-
+  weight Llama of that size (engine/bench_models.py), built into --model-dir (default under
+  $METERSERVE_CACHE_DIR) unless already there, then loaded through the real loader.
+- --co-tenant: both measurements run beside a process spinning on one core, as a busy
+  neighbour would; the engine's thread governor (engine/thread_governor.py) should give it
+  its core.
 The last line printed is one JSON object with every figure.
 """
 
@@ -16,9 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
+from engine.bench_models import RANDOM_MODELS, build_random_llama, default_random_model_dir
+from engine.co_tenant import co_tenant
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.loader import hf_checkpoint_dir
@@ -40,6 +49,19 @@ PASSAGE = (
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="meterserve bench", description=__doc__)
     parser.add_argument("--model", default="default")
+    parser.add_argument(
+        "--random-model",
+        choices=sorted(RANDOM_MODELS),
+        help="bench a random-weight Llama of this size instead of --model",
+    )
+    parser.add_argument(
+        "--model-dir", help="where --random-model is built (default: under the cache dir)"
+    )
+    parser.add_argument(
+        "--co-tenant",
+        action="store_true",
+        help="measure beside a process that keeps one core busy (engine/co_tenant.py)",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -59,7 +81,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         SamplingParams(temperature=args.temperature, top_p=args.top_p)
     except SamplingParamsError as exc:
         parser.error(str(exc))
+    if args.random_model is not None and args.model != "default":
+        parser.error("--random-model and --model name different models; pass one")
+    if args.model_dir is not None and args.random_model is None:
+        parser.error("--model-dir is where --random-model is built; it needs --random-model")
     return args
+
+
+def model_path(args) -> str:
+    """The model to bench: --model, or the --random-model checkpoint (built if missing)."""
+    if args.random_model is None:
+        return args.model
+    directory = args.model_dir or default_random_model_dir(args.random_model)
+    return str(build_random_llama(RANDOM_MODELS[args.random_model], Path(directory)))
 
 
 def decoding_label(args) -> str:
@@ -179,9 +213,12 @@ def _hf_generate(model, input_ids: torch.Tensor, new_tokens: int, args) -> torch
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
+    args.model = model_path(args)
     llm = make_llm(args)
     prompts = make_prompts(llm.tokenizer, args.num_requests, args.prompt_tokens)
     figures: dict[str, float | int | str | None] = {
+        "model": llm.engine.model_name,
+        "num_params": llm.engine.runner.num_params,
         "requests": args.num_requests,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens_per_request": args.output_tokens,
@@ -193,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
     }
     print(f"decoding: {decoding_label(args)}", flush=True)
-    figures.update(bench_meterserve(args, llm, prompts))
+    with co_tenant(args.co_tenant):
+        figures.update(bench_meterserve(args, llm, prompts))
+    governor = llm.engine.thread_governor
+    figures["co_tenant"] = args.co_tenant
+    figures["threads_at_end"] = governor.threads if governor else torch.get_num_threads()
     del llm  # free its KV cache before the baseline runs
     print(
         f"meterserve: {figures['meterserve_tok_s']:.1f} output tok/s over {args.num_requests} "
@@ -201,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if not args.skip_hf:
-        figures.update(bench_hf(args, prompts))
+        with co_tenant(args.co_tenant):
+            figures.update(bench_hf(args, prompts))
         figures["throughput_ratio"] = figures["meterserve_tok_s"] / figures["hf_tok_s"]
         figures["single_stream_ratio"] = (
             figures["meterserve_single_stream_tok_s"] / figures["hf_single_stream_tok_s"]
