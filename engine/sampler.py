@@ -39,7 +39,7 @@ from engine.sampling.logit_processors import (
 )
 from engine.sampling.native import choose_native, usable
 from engine.sampling.token_bitmask import apply_token_bitmask
-from engine.sampling.truncation import choose, select_rows
+from engine.sampling.truncation import choose_from_logits, select_rows
 from scheduler.output import ScheduledChunk, TokenLogprobs
 
 
@@ -107,7 +107,8 @@ def sample_rows(
     if direct:  # sampled straight from the model's logits: no float32 copy
         params = [chunks[row].sampling_params for row in direct]
         token_ids[direct] = choose_native(logits, direct, params, uniforms[direct], kernels)
-        processed = [row for row in processed if row not in set(direct)]
+        drawn = set(direct)
+        processed = [row for row in processed if row not in drawn]
     plain = sorted(set(range(len(chunks))) - set(processed) - set(masked) - set(direct))
     if plain:
         token_ids[plain] = greedy_token_ids(select_rows(logits, plain), kernels)
@@ -168,10 +169,8 @@ def _choose(
         if usable(work, kernels):
             chosen[sampled] = choose_native(work, sampled, params, uniforms[sampled], kernels)
             return chosen
-        scaled = select_rows(work, sampled)  # work itself when every row samples: scaled in place
-        scaled /= torch.tensor([p.temperature for p in params])[:, None]
-        probs = torch.softmax(scaled, dim=-1)
-        chosen[sampled] = choose(probs, params, uniforms[sampled])
+        # work itself when every row samples: scaled in place
+        chosen[sampled] = choose_from_logits(select_rows(work, sampled), params, uniforms[sampled])
     return chosen
 
 

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling.truncation import choose, inverse_cdf, next_count, select_rows, truncate
+from engine.sampling.truncation import (
+    choose_from_logits,
+    inverse_cdf,
+    next_count,
+    select_rows,
+    truncate,
+)
 from scheduler.sampling_params import SamplingParams
 
 
@@ -48,7 +54,7 @@ def choose_native(
     token_ids = torch.empty(len(rows), dtype=torch.long)
     top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     selected = [i for i, p in enumerate(params) if top_k[i] or p.top_p < 1.0]
-    whole = [i for i in range(len(params)) if not (top_k[i] or params[i].top_p < 1.0)]
+    whole = sorted(set(range(len(params))) - set(selected))
     if whole:
         token_ids[whole] = kernels.draw_whole(
             logits,
@@ -62,8 +68,9 @@ def choose_native(
         count = min(pending.values())
         group = sorted(i for i, c in pending.items() if c == count)
         if count >= vocab:  # no candidate count was enough: the whole row, torch path
-            token_ids[group] = _choose_torch(
-                logits, [rows[i] for i in group], params, group, uniforms
+            whole_rows = select_rows(logits, [rows[i] for i in group]).to(torch.float32, copy=True)
+            token_ids[group] = choose_from_logits(
+                whole_rows, [params[i] for i in group], uniforms[group]
             )
             break
         chosen, complete = _choose_from_candidates(
@@ -113,17 +120,3 @@ def _choose_from_candidates(
         positions = inverse_cdf(candidates.weights, uniforms[local])
         chosen[candidates.rows] = candidates.token_ids.gather(1, positions[:, None]).squeeze(1)
     return chosen.tolist(), complete
-
-
-def _choose_torch(
-    logits: torch.Tensor,
-    logit_rows: list[int],
-    params: list[SamplingParams],
-    group: list[int],
-    uniforms: torch.Tensor,
-) -> torch.Tensor:
-    """The plain path for rows no candidate count covered (a very flat top-p row)."""
-    scaled = select_rows(logits, logit_rows).to(torch.float32, copy=True)
-    scaled /= torch.tensor([params[i].temperature for i in group])[:, None]
-    probs = torch.softmax(scaled, dim=-1)
-    return choose(probs, [params[i] for i in group], uniforms[group])

@@ -57,6 +57,15 @@ def choose(
     return token_ids
 
 
+def choose_from_logits(
+    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
+) -> torch.Tensor:
+    """choose() from float32 logits [R, V] before temperature; they are divided by it in place
+    (pass rows the caller may overwrite)."""
+    logits /= torch.tensor([p.temperature for p in params])[:, None]
+    return choose(torch.softmax(logits, dim=-1), params, uniforms)
+
+
 def kept_tokens(probs: torch.Tensor, params: list[SamplingParams]) -> list[Candidates]:
     """Every row of probs [R, V] appears in exactly one of the returned groups."""
     vocab = probs.shape[1]
