@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from sampling_chunks import sampling_chunk
 
 from engine.kernels import load_cpu_kernels
 from engine.sampler import Sampler, sample_rows
@@ -145,19 +146,7 @@ def test_a_nucleus_beyond_every_candidate_count_uses_the_whole_row() -> None:
 
 
 def _chunk(params: SamplingParams, request_id: str, output: list[int]) -> ScheduledChunk:
-    prompt = [1, 2, 3]
-    return ScheduledChunk(
-        request_id=request_id,
-        token_ids=[(prompt + output)[-1]],
-        start_position=len(prompt) + len(output) - 1,
-        block_table=[0],
-        samples=True,
-        num_prompt_tokens=len(prompt),
-        sampling_params=params,
-        prompt_token_ids=prompt,
-        output_token_ids=output,
-        eos_token_ids=frozenset({0}),
-    )
+    return sampling_chunk(params, request_id, [1, 2, 3], output, eos=0)
 
 
 def test_a_mixed_batch_matches_the_reference_row_by_row() -> None:

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
+from sampling_chunks import sampling_chunk
 
 import engine.sampler as sampler_module
 from engine.kernels import load_cpu_kernels
@@ -39,20 +40,7 @@ def _chunk(
     prompt: list[int] | None = None,
     output: list[int] | None = None,
 ) -> ScheduledChunk:
-    prompt = [0, 1] if prompt is None else prompt
-    output = [] if output is None else output
-    return ScheduledChunk(
-        request_id=request_id,
-        token_ids=[(prompt + output)[-1]],
-        start_position=len(prompt) + len(output) - 1,
-        block_table=[0],
-        samples=True,
-        num_prompt_tokens=len(prompt),
-        sampling_params=params,
-        prompt_token_ids=prompt,
-        output_token_ids=output,
-        eos_token_ids=frozenset({EOS}),
-    )
+    return sampling_chunk(params, request_id, prompt, output, eos=EOS)
 
 
 def _logits(values: list[float]) -> torch.Tensor:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from sampling_chunks import sampling_chunk
 from transformers import AutoTokenizer
 
 import engine.sampler as sampler_module
@@ -30,20 +31,7 @@ SCHEMA = StructuredOutput(
 
 
 def _chunk(params: SamplingParams, request_id: str = "r", output: list[int] | None = None):
-    prompt = [1, 5]
-    output = [] if output is None else output
-    return ScheduledChunk(
-        request_id=request_id,
-        token_ids=[(prompt + output)[-1]],
-        start_position=len(prompt) + len(output) - 1,
-        block_table=[0],
-        samples=True,
-        num_prompt_tokens=len(prompt),
-        sampling_params=params,
-        prompt_token_ids=prompt,
-        output_token_ids=output,
-        eos_token_ids=frozenset({EOS}),
-    )
+    return sampling_chunk(params, request_id, [1, 5], output, eos=EOS)
 
 
 def _random_bitmask(rows: int, generator: torch.Generator) -> torch.Tensor:
