@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.errors import bad_request
 from server.openai_fields import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
     MESSAGE_REFUSED,
     check_extra_fields,
 )
+from server.tool_calls.tools import check_function_tool
 
 MAX_N = 16  # choices per request; each choice is one engine request
 MAX_STOP_STRINGS = 16
@@ -217,14 +217,7 @@ class ChatCompletionRequest(SamplingFields):
         for index, message in enumerate(self.messages):
             message.check_fields(index)
         for index, tool in enumerate(self.tools or ()):
-            if tool.type != "function":
-                raise bad_request(
-                    f"tools[{index}] has type {tool.type!r}; only function tools are supported",
-                    param="tools",
-                    code="unsupported_parameter",
-                )
-            if tool.function is None:
-                raise bad_request(f"tools[{index}] needs `function`", param="tools")
+            check_function_tool(index, tool.type, tool.function is not None, "function")
 
 
 class TokenizeRequest(_Request):

@@ -36,6 +36,7 @@ from server.protocol import (
     ToolCallFunction,
 )
 from server.tool_calls import FunctionTool, ToolChoice
+from server.tool_calls.tools import check_function_tool
 
 # Fields that need stored state; named in their own 400 rather than the generic one.
 STATEFUL_FIELDS = ("previous_response_id", "conversation")
@@ -199,14 +200,7 @@ class ResponsesRequest(_Request):
         if self.text is not None:
             check_extra_fields(self.text.model_extra, RESPONSES_TEXT_REFUSED, "text", "text")
         for index, tool in enumerate(self.tools or ()):
-            if tool.type != "function":
-                raise bad_request(
-                    f"tools[{index}] has type {tool.type!r}; only function tools are supported",
-                    param="tools",
-                    code="unsupported_parameter",
-                )
-            if tool.name is None:
-                raise bad_request(f"tools[{index}] needs `name`", param="tools")
+            check_function_tool(index, tool.type, tool.name is not None, "name")
 
     def function_tools(self) -> list[FunctionTool]:
         return [

@@ -133,3 +133,16 @@ def resolve_tool_policy(
 
 def _describe(choice: ToolChoice) -> str:
     return f"function {choice.name!r}" if choice.mode == "named" else repr(choice.mode)
+
+
+def check_function_tool(index: int, tool_type: str, defined: bool, needs: str) -> None:
+    """400 (param `tools`) unless tools[index] is a function tool whose definition (`needs`:
+    the field that holds it in this API's shape) is there: chat's and Responses' rule."""
+    if tool_type != "function":
+        raise bad_request(
+            f"tools[{index}] has type {tool_type!r}; only function tools are supported",
+            param="tools",
+            code="unsupported_parameter",
+        )
+    if not defined:
+        raise bad_request(f"tools[{index}] needs `{needs}`", param="tools")
