@@ -16,33 +16,15 @@ import jsonschema
 import pytest
 from openai import APIError, AsyncOpenAI, BadRequestError, NotFoundError
 from serverproc import FAULT_TOKEN_ID, assert_no_leaked_blocks, metric_value, wait_idle
+from tool_fixtures import DESCRIPTIONS, QUESTION, SCHEMAS, assert_valid_call
 
 MODEL = "SmolLM2-135M-Instruct"
 FAULT_TOKEN_TEXT = "<jupyter_code>"  # FAULT_TOKEN_ID's text
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 24},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
-ADD = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": 0, "maximum": 1000},
-        "b": {"type": "integer", "minimum": 0, "maximum": 1000},
-    },
-    "required": ["a", "b"],
-}
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 # The Responses API's flat function tools.
 TOOLS = [
-    {"type": "function", "name": "get_weather", "description": "Current weather",
-     "parameters": WEATHER},
-    {"type": "function", "name": "add", "description": "Add two numbers", "parameters": ADD},
-]  # fmt: skip
-QUESTION = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
+    {"type": "function", "name": name, "description": DESCRIPTIONS[name], "parameters": schema}
+    for name, schema in SCHEMAS.items()
+]
 EVENT_ORDER_HEAD = [
     "response.created",
     "response.in_progress",
@@ -59,11 +41,6 @@ EVENT_ORDER_TAIL = [
 async def _stream(client: AsyncOpenAI, **kwargs) -> list:
     stream = await client.responses.create(stream=True, **kwargs)
     return [event async for event in stream]
-
-
-def _valid(name: str, arguments: str) -> None:
-    assert name in SCHEMAS, name
-    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
 def _check_usage(usage) -> None:
@@ -226,7 +203,7 @@ async def test_a_named_tool_choice_gives_a_valid_function_call(openai_client: As
     calls = [item for item in response.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
     assert calls[0].call_id.startswith("call_") and calls[0].id.startswith("fc_")
-    _valid(calls[0].name, calls[0].arguments)
+    assert_valid_call(calls[0].name, calls[0].arguments)
     assert response.tool_choice.name == "get_weather"
     assert [tool.name for tool in response.tools] == ["get_weather", "add"]
 
@@ -247,7 +224,7 @@ async def test_required_tool_calls_stream_as_function_call_items(openai_client: 
     calls = [item for item in final.output if item.type == "function_call"]
     assert calls
     for call in calls:
-        _valid(call.name, call.arguments)
+        assert_valid_call(call.name, call.arguments)
         index = final.output.index(call)
         mine = [e for e in events if getattr(e, "output_index", None) == index]
         assert [e.type for e in mine] == [

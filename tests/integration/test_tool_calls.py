@@ -10,71 +10,35 @@ import asyncio
 import json
 
 import httpx
-import jsonschema
 import pytest
 from openai import AsyncOpenAI, BadRequestError
+from tool_fixtures import DESCRIPTIONS, QUESTION, SCHEMAS, assert_valid_call
 
 MODEL = "SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 24},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
-ADD = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": 0, "maximum": 1000},
-        "b": {"type": "integer", "minimum": 0, "maximum": 1000},
-    },
-    "required": ["a", "b"],
-}
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+# Chat's nested function tools.
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather",
-            "parameters": WEATHER,
-        },
-    },
-    {
-        "type": "function",
-        "function": {"name": "add", "description": "Add two numbers", "parameters": ADD},
-    },
-]
-QUESTION = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
+    {"type": "function", "function": {"name": name, "description": DESCRIPTIONS[name],
+                                      "parameters": schema}}
+    for name, schema in SCHEMAS.items()
+]  # fmt: skip
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _valid(name: str, arguments: str) -> None:
-    assert name in SCHEMAS, name
-    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+def _request(**fields) -> dict:
+    """The question with both tools, and these fields on top."""
+    return {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "max_tokens": MAX_TOKENS} | fields
 
 
 async def _chat(client: AsyncOpenAI, **fields):
-    fields = {
-        "model": MODEL,
-        "messages": QUESTION,
-        "tools": TOOLS,
-        "max_tokens": MAX_TOKENS,
-    } | fields
+    fields = _request(**fields)
     return (await client.chat.completions.create(**fields)).choices[0]
 
 
 async def _streamed(client: AsyncOpenAI, **fields) -> tuple[str, dict[int, dict], list[str]]:
     """(content, {index: {"id", "name", "arguments"}}, finish reasons) of a streamed chat."""
-    fields = {
-        "model": MODEL,
-        "messages": QUESTION,
-        "tools": TOOLS,
-        "max_tokens": MAX_TOKENS,
-    } | fields
+    fields = _request(**fields)
     stream = await client.chat.completions.create(stream=True, **fields)
     content, calls, finishes = [], {}, []
     async for chunk in stream:
@@ -103,11 +67,11 @@ async def test_a_named_tool_choice_always_gives_that_call(openai_client: AsyncOp
         [call] = choice.message.tool_calls
         assert call.type == "function" and call.id.startswith("call_")
         assert call.function.name == "get_weather"
-        _valid(call.function.name, call.function.arguments)
+        assert_valid_call(call.function.name, call.function.arguments)
     assert finishes == ["tool_calls"] and content == ""
     [call] = calls.values()
     assert list(calls) == [0] and call["name"] == "get_weather" and call["id"].startswith("call_")
-    _valid(call["name"], call["arguments"])
+    assert_valid_call(call["name"], call["arguments"])
 
 
 async def test_required_calls_listed_tools_with_valid_arguments(openai_client: AsyncOpenAI):
@@ -122,7 +86,7 @@ async def test_required_calls_listed_tools_with_valid_arguments(openai_client: A
         assert choice.finish_reason in ("tool_calls", "length")
         assert choice.message.tool_calls, choice.message.content
         for call in choice.message.tool_calls:
-            _valid(call.function.name, call.function.arguments)
+            assert_valid_call(call.function.name, call.function.arguments)
         if choice.finish_reason == "tool_calls":
             assert choice.message.content is None
     single = choices[-1]
@@ -131,7 +95,7 @@ async def test_required_calls_listed_tools_with_valid_arguments(openai_client: A
         openai_client, tool_choice="required", parallel_tool_calls=False, temperature=0.0
     )
     assert finishes == ["tool_calls"] and content == "" and list(calls) == [0]
-    _valid(calls[0]["name"], calls[0]["arguments"])
+    assert_valid_call(calls[0]["name"], calls[0]["arguments"])
 
 
 async def test_auto_answers_in_text_or_calls_and_none_in_text(openai_client: AsyncOpenAI):
