@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 RUN_DEADLINE_MS = 240_000
+TWO_TAB_TOKENS = 1024
 # About 90 prompt tokens with the chat template: several prefill chunks under the server's
 # step budget (conftest.STEP_BUDGET), even when the template's system prompt is cached.
 LONG_PROMPT = (
@@ -113,8 +114,10 @@ def test_a_run_shows_the_passes_and_the_bill_the_api_streamed(
 
 def test_two_tabs_running_at_once_show_in_the_live_batch(open_console, console_server, tmp_path):
     (first, first_record), (second, second_record) = open_console(), open_console()
-    start_run(first, "Count slowly from one to one hundred.", max_tokens=160)
-    start_run(second, "Name every planet and one fact about each.", max_tokens=160)
+    # Long enough (ignore_eos) that the runs overlap for several of the live view's 1 s polls
+    # even where the model decodes hundreds of tokens a second.
+    start_run(first, "Count slowly from one to one hundred.", max_tokens=TWO_TAB_TOKENS)
+    start_run(second, "Name every planet and one fact about each.", max_tokens=TWO_TAB_TOKENS)
     # The live view (GET /v1/meterserve/live, once a second) sees both requests running.
     first.wait_for_function(
         "() => Number(document.getElementById('live-running').dataset.value) >= 2",
@@ -130,7 +133,7 @@ def test_two_tabs_running_at_once_show_in_the_live_batch(open_console, console_s
         progress = [c["meterserve"] for c in record.streamed_chunks() if "meterserve" in c]
         passes.append({p["forward_pass"] for p in progress})
         assert max(p["batch_size"] for p in progress) >= 2
-        assert record.streamed_chunks()[-1]["usage"]["completion_tokens"] == 160
+        assert record.streamed_chunks()[-1]["usage"]["completion_tokens"] == TWO_TAB_TOKENS
     assert passes[0] & passes[1]
     for record in (first_record, second_record):
         assert_clean(record, console_server.base_url)
