@@ -92,6 +92,12 @@ def to_tensors(
         ),
         block_size=block_size,
     )
+    prefills = lists.spans[lists.num_decodes :]
+    if prefills:
+        meta.prefill_spans = torch.tensor(
+            [(s.query_start, s.query_len, s.start_position) for s in prefills], dtype=torch.long
+        )
+        meta.prefill_block_tables = _padded_tables(prefills)
     return ForwardBatch(
         input_ids=torch.tensor(lists.input_ids, dtype=torch.long),
         positions=torch.tensor(lists.positions, dtype=torch.long),
@@ -108,9 +114,17 @@ def _decode_gather(spans: list[ChunkSpan], block_size: int):
     """
     if not spans:
         return None, None
-    max_blocks = max(len(s.block_table) for s in spans)
-    tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in spans])
+    tables = _padded_tables(spans)
+    max_blocks = tables.shape[1]
     context_lens = torch.tensor([s.context_len for s in spans])
     positions = torch.arange(max_blocks * block_size)
     mask = positions[None, :] < context_lens[:, None]
     return tables, mask[:, None, None, :]
+
+
+def _padded_tables(spans: list[ChunkSpan]) -> torch.Tensor:
+    """The spans' block tables padded with block 0 to the longest: [spans, max_blocks] int64."""
+    max_blocks = max(len(s.block_table) for s in spans)
+    return torch.tensor(
+        [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in spans], dtype=torch.long
+    )

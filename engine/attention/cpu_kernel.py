@@ -2,9 +2,12 @@
 
 The step's new K/V go to their slots with one kernel call per layer; every decode row then
 attends over its own block table (engine/kernels/csrc/paged_attention.cpp), so a short
-request does not pay for the longest one's padding. Prefill chunks are compute-bound and go
-through the same SDPA path as in BatchedAttention (prefill_attention). Tested against
-ReferenceAttention.
+request does not pay for the longest one's padding. Prefill chunks, all of the step's in one
+call, go through the native causal flash attention over the paged cache
+(engine/kernels/csrc/prefill_attention.cpp, AVX512-BF16), except where torch's own SDPA is
+the better choice: on AMX CPUs (torch's CPU flash attention runs its products on AMX tiles
+there; the native kernel was measured only on a CPU without AMX), in float32, and for head
+sizes other than 64 and 128. Tested against ReferenceAttention.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ import torch
 from engine.attention.batched import prefill_attention
 from engine.attention.metadata import AttentionMetadata
 
+NATIVE_PREFILL_HEAD_DIMS = (64, 128)  # the head sizes prefill_attention.cpp is built for
+
 
 class CpuKernelAttention:
     name = "cpu_kernels"
 
-    def __init__(self, kernels) -> None:
+    def __init__(self, kernels, native_prefill: bool | None = None) -> None:
         self.kernels = kernels
+        self.native_prefill = (
+            not kernels.amx_available() if native_prefill is None else native_prefill
+        )
 
     def forward(
         self,
@@ -52,5 +60,28 @@ class CpuKernelAttention:
                     scale,
                 )
             )
-        outputs.extend(prefill_attention(query, key, value, key_cache, value_cache, meta, scale))
+        if meta.prefill_spans is not None:
+            outputs.extend(self._prefill(query, key, value, key_cache, value_cache, meta, scale))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+    def _prefill(self, query, key, value, key_cache, value_cache, meta, scale) -> list:
+        """The prefill chunks' outputs, in batch order (their K/V are already in the cache)."""
+        if not self._prefill_natively(query):
+            return prefill_attention(query, key, value, key_cache, value_cache, meta, scale)
+        out = self.kernels.paged_prefill_attention(
+            query,
+            key_cache,
+            value_cache,
+            meta.prefill_block_tables,
+            meta.prefill_spans,
+            meta.block_size,
+            scale,
+        )
+        return [out]
+
+    def _prefill_natively(self, query: torch.Tensor) -> bool:
+        return (
+            self.native_prefill
+            and query.dtype == torch.bfloat16
+            and query.shape[-1] in NATIVE_PREFILL_HEAD_DIMS
+        )

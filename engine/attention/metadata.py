@@ -33,7 +33,9 @@ class AttentionMetadata:
     Decode chunks come first: batch rows [0, num_decodes) are one token each.
     decode_block_tables[i] is decode i's block table padded with block 0 to the longest one;
     decode_mask[i, 0, 0, j] is 0 where key position j (< max_blocks * block_size) is real and
-    -inf on padding (an additive mask).
+    -inf on padding (an additive mask). The prefill chunks (after the decodes) are also given
+    as tensors for the native prefill kernel: prefill_spans[c] = (query_start, query_len,
+    start_position), prefill_block_tables[c] its block table padded with block 0.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot each new token's K/V goes to
@@ -43,3 +45,5 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] additive
     decode_context_lens: torch.Tensor | None  # [num_decodes] int64: context_len of each decode
     block_size: int
+    prefill_spans: torch.Tensor | None = None  # [num_prefills, 3] int64
+    prefill_block_tables: torch.Tensor | None = None  # [num_prefills, max_blocks] int64

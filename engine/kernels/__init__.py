@@ -29,6 +29,7 @@ SOURCES = [
     "sampling.cpp",
     "elementwise.cpp",
     "paged_attention.cpp",
+    "prefill_attention.cpp",
 ]
 HEADERS = [
     "amx.h",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from engine.attention import BACKENDS, make_backend
+from engine.attention import BACKENDS, CpuKernelAttention, make_backend
 from engine.forward_batch import build_lists, slot_of, to_tensors
 from engine.kernels import load_cpu_kernels
 from scheduler.output import ScheduledChunk
@@ -108,15 +108,25 @@ def _build_step(cases: list[RequestCase], dtype: torch.dtype, seed: int):
     return chunks, full, key_cache, value_cache
 
 
+# The kernels backend with its prefill path chosen, whatever this CPU's default is.
+PREFILL_PATHS = {"native_prefill": True, "sdpa_prefill": False}
+
+
+def _make_backend(name: str):
+    if name in PREFILL_PATHS:
+        return CpuKernelAttention(load_cpu_kernels(), native_prefill=PREFILL_PATHS[name])
+    return make_backend(name, load_cpu_kernels())
+
+
 def _run_backend(name, cases, dtype, seed):
     chunks, full, key_cache, value_cache = _build_step(cases, dtype, seed)
     batch = to_tensors(build_lists(chunks, BLOCK_SIZE), BLOCK_SIZE, dtype)
     query = torch.cat([q for q, _, _ in full])
     key = torch.cat([k[c.start :] for c, (_, k, _) in zip(cases, full, strict=True)])
     value = torch.cat([v[c.start :] for c, (_, _, v) in zip(cases, full, strict=True)])
-    if name == "cpu_kernels" and load_cpu_kernels() is None:
+    if name in ("cpu_kernels", *PREFILL_PATHS) and load_cpu_kernels() is None:
         pytest.skip("native CPU kernels are not available on this machine")
-    backend = make_backend(name, load_cpu_kernels())
+    backend = _make_backend(name)
     out = backend.forward(query, key, value, key_cache, value_cache, batch.meta, SCALE)
     return chunks, full, key_cache, value_cache, out
 
@@ -198,3 +208,45 @@ def test_equal_length_fresh_prompts_next_to_other_chunks(backend: str) -> None:
     cases += [RequestCase(0, 6)]
     _check_against_dense(cases, torch.float32, 11, backend, atol=1e-5, rtol=1e-5)
     _check_against_dense(cases, torch.bfloat16, 12, backend, atol=3e-2, rtol=3e-2)
+
+
+def _llama_shape(monkeypatch, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    module = __import__(__name__, fromlist=["_"])
+    shape = {"NUM_HEADS": num_heads, "NUM_KV_HEADS": num_kv_heads, "HEAD_DIM": head_dim}
+    for name, value in {**shape, "BLOCK_SIZE": 16, "NUM_BLOCKS": 160}.items():
+        monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(module, "SCALE", head_dim**-0.5)
+
+
+# Prefill chunks for the native kernel (32 keys a softmax block): whole prompts shorter and
+# longer than a block and ending on one, chunks after a cached prefix (starting inside a
+# block and on a block boundary), a one-token mid-prompt chunk, beside decodes.
+PREFILL_SHAPES = [
+    RequestCase(0, 1),
+    RequestCase(40, 1),
+    RequestCase(0, 5),
+    RequestCase(0, 32),
+    RequestCase(0, 131),
+    RequestCase(37, 70, is_prompt_end=False),
+    RequestCase(64, 33),
+    RequestCase(90, 1, is_prompt_end=False),
+]
+
+
+@pytest.mark.parametrize("path", sorted(PREFILL_PATHS))
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 2, 128)])
+def test_prefill_paths_on_llama_shapes_close_to_dense(path, heads, kv_heads, head_dim, monkeypatch):
+    """SmolLM2's shape (9 query heads over 3 kv heads, head_dim 64) and a head_dim-128 one
+    with 4 query heads per kv head, in bf16 (the only dtype the native prefill kernel takes)."""
+    _llama_shape(monkeypatch, heads, kv_heads, head_dim)
+    _check_against_dense(PREFILL_SHAPES, torch.bfloat16, 13, path, atol=3e-2, rtol=3e-2)
+
+
+def test_native_prefill_agrees_with_torch_sdpa_on_a_long_prompt(monkeypatch) -> None:
+    """A 600-token prompt after a 70-token cached prefix: the native kernel and torch's SDPA
+    read the same bf16 values and round the probabilities to bf16 alike."""
+    _llama_shape(monkeypatch, 9, 3, 64)
+    cases = [RequestCase(3, 1), RequestCase(70, 600), RequestCase(0, 45)]
+    native = _run_backend("native_prefill", cases, torch.bfloat16, 14)[-1]
+    sdpa = _run_backend("sdpa_prefill", cases, torch.bfloat16, 14)[-1]
+    torch.testing.assert_close(native.float(), sdpa.float(), atol=1e-2, rtol=1e-2)

@@ -304,6 +304,50 @@ torch::Tensor paged_decode_attention_op(const torch::Tensor& query, const torch:
   return out;
 }
 
+torch::Tensor paged_prefill_attention_op(const torch::Tensor& query,
+                                         const torch::Tensor& key_cache,
+                                         const torch::Tensor& value_cache,
+                                         const torch::Tensor& block_tables,
+                                         const torch::Tensor& spans, int64_t block_size,
+                                         double scale) {
+  TORCH_CHECK(query.scalar_type() == torch::kBFloat16, "paged_prefill_attention is bfloat16 only");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
+              "query must be [tokens, heads, dim] with contiguous heads");
+  TORCH_CHECK(query.size(2) == 64 || query.size(2) == 128,
+              "paged_prefill_attention needs head_dim 64 or 128");
+  TORCH_CHECK(key_cache.dim() == 3 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+                  value_cache.sizes() == key_cache.sizes() && key_cache.size(2) == query.size(2),
+              "caches must be contiguous [slots, kv_heads, dim]");
+  check_same_dtype(query, key_cache, "paged_prefill_attention");
+  check_same_dtype(query, value_cache, "paged_prefill_attention");
+  const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(1);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "heads must be a multiple of kv heads");
+  TORCH_CHECK(spans.scalar_type() == torch::kInt64 && spans.is_contiguous() && spans.dim() == 2 &&
+                  spans.size(1) == 3,
+              "spans must be int64 [chunks, 3]");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
+                  block_tables.dim() == 2 && block_tables.size(0) == spans.size(0),
+              "block_tables must be int64 [chunks, max_blocks]");
+  const int64_t num_blocks = key_cache.size(0) / block_size;
+  check_indices(data<int64_t>(block_tables), block_tables.numel(), num_blocks, "block id");
+  const int64_t* span = data<int64_t>(spans);
+  int64_t rows = 0;
+  for (int64_t i = 0; i < spans.size(0); ++i, span += 3) {
+    TORCH_CHECK(span[0] >= 0 && span[1] >= 1 && span[2] >= 0 && span[0] + span[1] <= query.size(0),
+                "chunk ", i, " lies outside the query rows");
+    TORCH_CHECK(span[2] + span[1] <= block_tables.size(1) * block_size,
+                "chunk ", i, "'s context exceeds its block table");
+    rows += span[1];
+  }
+  auto out = torch::empty({rows, num_heads, query.size(2)}, query.options());
+  paged_prefill_attention(data<bf16>(query), query.stride(0), data<bf16>(key_cache),
+                          data<bf16>(value_cache), data<int64_t>(block_tables),
+                          block_tables.size(1), data<int64_t>(spans), spans.size(0),
+                          data<bf16>(out), num_heads, num_kv_heads, query.size(2), block_size,
+                          static_cast<float>(scale));
+  return out;
+}
+
 }  // namespace
 }  // namespace meterserve
 
@@ -340,4 +384,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_kv_", &store_kv_op, "write key/value rows into cache slots", without_gil);
   m.def("paged_decode_attention", &paged_decode_attention_op,
         "decode attention over the paged cache", without_gil);
+  m.def("paged_prefill_attention", &paged_prefill_attention_op,
+        "causal prefill attention of chunks over the paged cache, bf16", without_gil);
 }

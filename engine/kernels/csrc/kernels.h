@@ -87,4 +87,14 @@ void paged_decode_attention(const T* query, int64_t query_stride, const T* key_c
                             int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t block_size, float scale);
 
+// Causal attention of prefill chunks over the paged cache (their own keys already stored);
+// spans [num_chunks, 3] = (query_start, query_len, start_position); out [sum query_len,
+// num_heads, head_dim], chunks' rows in order. bf16, head_dim 64 or 128; see
+// prefill_attention.cpp.
+void paged_prefill_attention(const bf16* query, int64_t query_stride, const bf16* key_cache,
+                             const bf16* value_cache, const int64_t* block_tables,
+                             int64_t max_blocks, const int64_t* spans, int64_t num_chunks,
+                             bf16* out, int64_t num_heads, int64_t num_kv_heads,
+                             int64_t head_dim, int64_t block_size, float scale);
+
 }  // namespace meterserve

@@ -1,0 +1,266 @@
+// Causal prefill attention over the paged cache: flash attention on AVX512-BF16.
+//
+// Chunk c's query rows [query_start, query_start + query_len) sit at positions
+// [start, start + query_len) of their request; query position p attends to key positions
+// [0, p] (the prefix already in the cache and the chunk's own keys, which store_kv wrote
+// before this call). Query head q reads kv head q / group, as in HF's GQA.
+//
+// Why it is shaped this way: at 2,048 tokens attention is most of a prefill (torch's CPU
+// flash attention took 34 ms a layer of SmolLM2's 47 on an AVX512-BF16 machine without AMX,
+// ~0.14 TFLOP/s), and most of that is not the products but the softmax between them.
+//  - Two phases in one parallel region. First every (chunk, kv head) has its keys and values
+//    repacked once into the operand layouts of _mm512_dpbf16_ps: keys as 16-position tiles of
+//    (dim 2c, dim 2c+1) pairs, values as (position 2j, position 2j+1) pairs per dim. Then
+//    work items of a few query rows each stream those packed blocks from L2.
+//  - A pass takes R query rows (R query heads x positions of one kv head: GQA's heads share
+//    every key and value load) through the keys 32 at a time: R x 32 scores from D/2 pair
+//    products, the online softmax in fp32 (running max and sum per row, one rescale of the
+//    accumulators per block), the probabilities rounded to bf16 pairs and multiplied into
+//    R x D fp32 accumulators that stay in registers for the whole pass.
+//  - Probabilities are rounded to bf16 before the value product, as torch's flash attention
+//    does for bf16; their sum is kept in fp32 before rounding.
+//  - Only key blocks a pass's last row can see are read; the diagonal block is masked.
+//  - Items go longest first under a dynamic schedule: causal rows differ in length.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels.h"
+#include "vec.h"
+
+namespace meterserve {
+namespace {
+
+constexpr int kKeyBlock = 32;   // keys per softmax step: two score vectors per row
+constexpr int kPassRows = 32;   // query rows per work item (several passes)
+
+struct Geometry {
+  int64_t num_heads, num_kv_heads, group, head_dim, block_size, slot_stride, query_stride;
+};
+
+struct ChunkView {
+  int64_t query_start, query_len, start, out_row, context, packed;  // packed: u32 offset
+  const int64_t* table;
+};
+
+struct Item {
+  int64_t chunk, kv_head, row_begin, row_end;  // rows r = query index * group + head in group
+};
+
+inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Key and value blocks of one (chunk, kv head), each context_padded * head_dim / 2 words.
+inline int64_t packed_words(const ChunkView& c, const Geometry& g) {
+  return round_up(c.context, kKeyBlock) * g.head_dim / 2;
+}
+
+// Repack key block kb (positions [32 kb, 32 kb + 32)) of kv head h: keys into tiles
+// kp[tile][pair c][lane] = (k[2c], k[2c + 1]) of position 16 tile + lane, values into
+// vp[j][d] = (v_{2j}[d], v_{2j+1}[d]); positions past the context are zeros.
+void pack_block(const bf16* key_cache, const bf16* value_cache, const ChunkView& c, int64_t h,
+                int64_t kb, const Geometry& g, uint32_t* kp, uint32_t* vp) {
+  const int64_t pairs = g.head_dim / 2;
+  uint32_t* keys = kp + kb * kKeyBlock * pairs;
+  uint16_t* values = reinterpret_cast<uint16_t*>(vp + kb * kKeyBlock * pairs);
+  for (int64_t i = 0; i < kKeyBlock; ++i) {
+    const int64_t t = kb * kKeyBlock + i;
+    uint32_t* key_lanes = keys + (i / 16) * pairs * 16 + i % 16;
+    uint16_t* value_halves = values + (i / 2) * g.head_dim * 2 + i % 2;
+    if (t >= c.context) {
+      for (int64_t p = 0; p < pairs; ++p) key_lanes[p * 16] = 0;
+      for (int64_t d = 0; d < g.head_dim; ++d) value_halves[d * 2] = 0;
+      continue;
+    }
+    const int64_t slot = c.table[t / g.block_size] * g.block_size + t % g.block_size;
+    const int64_t offset = slot * g.slot_stride + h * g.head_dim;
+    const uint32_t* key_pairs = reinterpret_cast<const uint32_t*>(key_cache + offset);
+    const uint16_t* value_row = reinterpret_cast<const uint16_t*>(value_cache + offset);
+    for (int64_t p = 0; p < pairs; ++p) key_lanes[p * 16] = key_pairs[p];
+    for (int64_t d = 0; d < g.head_dim; ++d) value_halves[d * 2] = value_row[d];
+  }
+}
+
+inline __m512bh broadcast_pair(uint32_t pair) {
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+}
+
+// Lanes of a 16-key score vector whose keys (first at key0) a row at `position` may see.
+inline __mmask16 visible(int64_t key0, int64_t position) {
+  return lanes(std::max<int64_t>(position - key0 + 1, 0));
+}
+
+// One pass: R query rows through key blocks [0, num_blocks). queries[r] points at row r's
+// bf16 query (as pairs), positions[r] is its position, out[r] its output (nullptr: a padding
+// row, computed and dropped).
+template <int D, int R>
+void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)[R],
+                 int64_t num_blocks, const uint32_t* kp, const uint32_t* vp, float scale,
+                 bf16* const (&out)[R]) {
+  constexpr int kPairs = D / 2, kOut = D / 16;
+  __m512 acc[R][kOut];
+  float row_max[R], row_sum[R];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < kOut; ++v) acc[r][v] = _mm512_setzero_ps();
+    row_max[r] = -std::numeric_limits<float>::infinity();
+    row_sum[r] = 0.0f;
+  }
+  int64_t lowest = positions[0];
+  for (int r = 1; r < R; ++r) lowest = std::min(lowest, positions[r]);
+  alignas(64) uint32_t probs[R][16];
+  for (int64_t kb = 0; kb < num_blocks; ++kb) {
+    const uint32_t* tile0 = kp + kb * kKeyBlock * kPairs;
+    const uint32_t* tile1 = tile0 + 16 * kPairs;
+    __m512 score[R][2];
+    for (int r = 0; r < R; ++r) score[r][0] = score[r][1] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < kPairs; ++c) {
+      const __m512bh k0 = (__m512bh)_mm512_load_si512(tile0 + c * 16);
+      const __m512bh k1 = (__m512bh)_mm512_load_si512(tile1 + c * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh q = broadcast_pair(queries[r][c]);
+        score[r][0] = _mm512_dpbf16_ps(score[r][0], q, k0);
+        score[r][1] = _mm512_dpbf16_ps(score[r][1], q, k1);
+      }
+    }
+    const int64_t key0 = kb * kKeyBlock;
+    const bool diagonal = key0 + kKeyBlock - 1 > lowest;
+    const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int r = 0; r < R; ++r) {
+      __mmask16 m0 = 0xFFFF, m1 = 0xFFFF;
+      if (diagonal) m0 = visible(key0, positions[r]), m1 = visible(key0 + 16, positions[r]);
+      const __m512 x0 = _mm512_mask_mul_ps(minus_inf, m0, score[r][0], _mm512_set1_ps(scale));
+      const __m512 x1 = _mm512_mask_mul_ps(minus_inf, m1, score[r][1], _mm512_set1_ps(scale));
+      const float block_max = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+      const float new_max = std::max(row_max[r], block_max);
+      const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first visible block
+      const __m512 top = _mm512_set1_ps(new_max);
+      const __m512 e0 = _mm512_maskz_mov_ps(m0, exp(_mm512_sub_ps(x0, top)));
+      const __m512 e1 = _mm512_maskz_mov_ps(m1, exp(_mm512_sub_ps(x1, top)));
+      if (m0 | m1) {  // a row that sees none of the block keeps its state
+        row_sum[r] = row_sum[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+        row_max[r] = new_max;
+        for (int v = 0; v < kOut; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(alpha));
+      }
+      _mm512_store_si512(probs[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+    const uint32_t* values = vp + kb * kKeyBlock * kPairs;
+    for (int j = 0; j < 16; ++j) {  // positions 2j, 2j + 1 of the block
+      __m512bh v_pairs[kOut];
+      for (int v = 0; v < kOut; ++v)
+        v_pairs[v] = (__m512bh)_mm512_load_si512(values + j * D + v * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh p = broadcast_pair(probs[r][j]);
+        for (int v = 0; v < kOut; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, v_pairs[v]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (out[r] == nullptr) continue;
+    const __m512 inverse = _mm512_set1_ps(1.0f / row_sum[r]);
+    for (int v = 0; v < kOut; ++v) store(out[r] + v * 16, _mm512_mul_ps(acc[r][v], inverse));
+  }
+}
+
+// Rows [item.row_begin, item.row_end) of one (chunk, kv head), R at a time; a short last pass
+// repeats its last row.
+template <int D, int R>
+void attend_item(const bf16* query, const ChunkView& c, const Item& item, const Geometry& g,
+                 const uint32_t* kp, const uint32_t* vp, float scale, bf16* out) {
+  for (int64_t r0 = item.row_begin; r0 < item.row_end; r0 += R) {
+    const uint32_t* rows[R];
+    int64_t positions[R];
+    bf16* outs[R];
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = std::min<int64_t>(r0 + r, item.row_end - 1);
+      const int64_t index = row / g.group, head = item.kv_head * g.group + row % g.group;
+      rows[r] = reinterpret_cast<const uint32_t*>(query + (c.query_start + index) * g.query_stride +
+                                                  head * D);
+      positions[r] = c.start + index;
+      outs[r] = r0 + r < item.row_end ? out + ((c.out_row + index) * g.num_heads + head) * D
+                                      : nullptr;
+    }
+    const int64_t last = c.start + (std::min(r0 + R, item.row_end) - 1) / g.group;
+    attend_pass<D, R>(rows, positions, last / kKeyBlock + 1, kp, vp, scale, outs);
+  }
+}
+
+std::vector<Item> work_items(const std::vector<ChunkView>& chunks, const Geometry& g) {
+  std::vector<Item> items;
+  for (int64_t ci = 0; ci < static_cast<int64_t>(chunks.size()); ++ci)
+    for (int64_t h = 0; h < g.num_kv_heads; ++h) {
+      const int64_t rows = chunks[ci].query_len * g.group;
+      for (int64_t r = 0; r < rows; r += kPassRows)
+        items.push_back({ci, h, r, std::min(r + kPassRows, rows)});
+    }
+  // Longest first: an item's work grows with its chunk's start and its last row.
+  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return chunks[a.chunk].start + a.row_end / g.group > chunks[b.chunk].start + b.row_end / g.group;
+  });
+  return items;
+}
+
+template <int D, int R>
+void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
+         std::vector<ChunkView>& chunks, const Geometry& g, float scale, bf16* out) {
+  int64_t words = 0;
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // (chunk, kv head * num_blocks + block)
+  for (int64_t ci = 0; ci < static_cast<int64_t>(chunks.size()); ++ci) {
+    chunks[ci].packed = words;
+    words += 2 * g.num_kv_heads * packed_words(chunks[ci], g);
+    const int64_t num_blocks = round_up(chunks[ci].context, kKeyBlock) / kKeyBlock;
+    for (int64_t b = 0; b < g.num_kv_heads * num_blocks; ++b) blocks.emplace_back(ci, b);
+  }
+  // 64-byte aligned words for the aligned vector loads.
+  std::vector<__m512i> storage((words + 15) / 16);
+  uint32_t* packed = reinterpret_cast<uint32_t*>(storage.data());
+  const std::vector<Item> items = work_items(chunks, g);
+  auto key_base = [&](const ChunkView& c, int64_t h) {
+    return packed + c.packed + 2 * h * packed_words(c, g);
+  };
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
+      const ChunkView& c = chunks[blocks[i].first];
+      const int64_t num_blocks = round_up(c.context, kKeyBlock) / kKeyBlock;
+      const int64_t h = blocks[i].second / num_blocks, kb = blocks[i].second % num_blocks;
+      uint32_t* kp = key_base(c, h);
+      pack_block(key_cache, value_cache, c, h, kb, g, kp, kp + packed_words(c, g));
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < static_cast<int64_t>(items.size()); ++i) {
+      const Item& item = items[i];
+      const ChunkView& c = chunks[item.chunk];
+      const uint32_t* kp = key_base(c, item.kv_head);
+      attend_item<D, R>(query, c, item, g, kp, kp + packed_words(c, g), scale, out);
+    }
+  }
+}
+
+}  // namespace
+
+void paged_prefill_attention(const bf16* query, int64_t query_stride, const bf16* key_cache,
+                             const bf16* value_cache, const int64_t* block_tables,
+                             int64_t max_blocks, const int64_t* spans, int64_t num_chunks,
+                             bf16* out, int64_t num_heads, int64_t num_kv_heads,
+                             int64_t head_dim, int64_t block_size, float scale) {
+  const Geometry g{num_heads,  num_kv_heads, num_heads / num_kv_heads, head_dim,
+                   block_size, num_kv_heads * head_dim, query_stride};
+  std::vector<ChunkView> chunks;
+  int64_t out_row = 0;
+  for (int64_t i = 0; i < num_chunks; ++i) {
+    const int64_t* span = spans + 3 * i;  // query_start, query_len, start_position
+    chunks.push_back({span[0], span[1], span[2], out_row, span[2] + span[1], 0,
+                      block_tables + i * max_blocks});
+    out_row += span[1];
+  }
+  if (head_dim == 64)
+    run<64, 4>(query, key_cache, value_cache, chunks, g, scale, out);
+  else
+    run<128, 2>(query, key_cache, value_cache, chunks, g, scale, out);
+}
+
+}  // namespace meterserve
