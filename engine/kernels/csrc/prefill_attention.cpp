@@ -14,9 +14,11 @@
 //    work items of a few query rows each stream those packed blocks from L2.
 //  - A pass takes R query rows (R query heads x positions of one kv head: GQA's heads share
 //    every key and value load) through the keys 32 at a time: R x 32 scores from D/2 pair
-//    products, the online softmax in fp32 (running max and sum per row, one rescale of the
-//    accumulators per block), the probabilities rounded to bf16 pairs and multiplied into
-//    R x D fp32 accumulators that stay in registers for the whole pass.
+//    products, the online softmax in fp32 (a running max per row; its sum kept per lane and
+//    reduced once at the end; the accumulators rescaled only by a block that raises the max,
+//    rare after the first few), the probabilities rounded to bf16 pairs and multiplied into
+//    R x D fp32 accumulators that stay in registers for the whole pass. (The two deferrals
+//    took one 2,048-token SmolLM2 layer from 11.0 to 8.9-9.9 ms on a 2-core EPYC.)
 //  - Probabilities are rounded to bf16 before the value product, as torch's flash attention
 //    does for bf16; their sum is kept in fp32 before rounding.
 //  - Only key blocks a pass's last row can see are read; the diagonal block is masked.
@@ -101,11 +103,12 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
                  bf16* const (&out)[R]) {
   constexpr int kPairs = D / 2, kOut = D / 16;
   __m512 acc[R][kOut];
-  float row_max[R], row_sum[R];
+  float row_max[R];
+  alignas(64) float row_sums[R][16];  // per lane; reduced once at the end
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < kOut; ++v) acc[r][v] = _mm512_setzero_ps();
     row_max[r] = -std::numeric_limits<float>::infinity();
-    row_sum[r] = 0.0f;
+    _mm512_store_ps(row_sums[r], _mm512_setzero_ps());
   }
   int64_t lowest = positions[0];
   for (int r = 1; r < R; ++r) lowest = std::min(lowest, positions[r]);
@@ -134,16 +137,19 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
       const __m512 x0 = _mm512_mask_mul_ps(minus_inf, m0, score[r][0], _mm512_set1_ps(scale));
       const __m512 x1 = _mm512_mask_mul_ps(minus_inf, m1, score[r][1], _mm512_set1_ps(scale));
       const float block_max = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-      const float new_max = std::max(row_max[r], block_max);
-      const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first visible block
-      const __m512 top = _mm512_set1_ps(new_max);
+      // A block that does not raise the row's max (most, past the first few) needs no
+      // rescale; a row that sees none of the block (-inf max) keeps its state.
+      if (block_max > row_max[r]) {
+        const __m512 alpha = _mm512_set1_ps(std::exp(row_max[r] - block_max));  // 0 at first
+        _mm512_store_ps(row_sums[r], _mm512_mul_ps(_mm512_load_ps(row_sums[r]), alpha));
+        for (int v = 0; v < kOut; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], alpha);
+        row_max[r] = block_max;
+      }
+      const __m512 top = _mm512_set1_ps(row_max[r]);
       const __m512 e0 = _mm512_maskz_mov_ps(m0, exp(_mm512_sub_ps(x0, top)));
       const __m512 e1 = _mm512_maskz_mov_ps(m1, exp(_mm512_sub_ps(x1, top)));
-      if (m0 | m1) {  // a row that sees none of the block keeps its state
-        row_sum[r] = row_sum[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-        row_max[r] = new_max;
-        for (int v = 0; v < kOut; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(alpha));
-      }
+      _mm512_store_ps(row_sums[r],
+                      _mm512_add_ps(_mm512_load_ps(row_sums[r]), _mm512_add_ps(e0, e1)));
       _mm512_store_si512(probs[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
     }
     const uint32_t* values = vp + kb * kKeyBlock * kPairs;
@@ -159,7 +165,7 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
   }
   for (int r = 0; r < R; ++r) {
     if (out[r] == nullptr) continue;
-    const __m512 inverse = _mm512_set1_ps(1.0f / row_sum[r]);
+    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_load_ps(row_sums[r])));
     for (int v = 0; v < kOut; ++v) store(out[r] + v * 16, _mm512_mul_ps(acc[r][v], inverse));
   }
 }
