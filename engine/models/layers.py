@@ -82,4 +82,5 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        # .forward, not __call__: see engine/models/llama.py's docstring.
+        return self.down_proj.forward(self.ops.silu_and_mul(self.gate_up_proj.forward(x)))

@@ -10,6 +10,10 @@ The model is built on the meta device (shapes only, no memory); load_weights giv
 parameter its tensor from the checkpoint, already in the serving dtype, one at a time, and a
 tied LM head is the embedding's own tensor. So loading holds one copy of the weights, plus
 the tensor being read.
+
+Inside the model, submodules are run with `.forward(...)` rather than called: nn.Module's
+__call__ dispatch (hooks, tracing checks) costs about 2 µs a call, and a step makes ~210 of
+them, ≈ 0.4 ms of a 4.7 ms single-stream step. Nothing here registers hooks.
 """
 
 from __future__ import annotations
@@ -84,22 +88,22 @@ class Attention(nn.Module):
 
     def forward(self, hidden, rope: RotaryInputs, key_cache, value_cache, meta: AttentionMetadata):
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        qkv = self.qkv_proj.forward(hidden)
         q_size, kv_size, _ = self.split_sizes
         if self.q_norm is not None:
             # Qwen3 normalizes each q and k head before RoPE; write them back so q and k
             # stay adjacent in qkv and rotate together below.
-            qkv[:, :q_size] = self.q_norm(
+            qkv[:, :q_size] = self.q_norm.forward(
                 qkv[:, :q_size].unflatten(1, (-1, self.head_dim))
             ).flatten(1)
             k = qkv[:, q_size : q_size + kv_size].unflatten(1, (-1, self.head_dim))
-            qkv[:, q_size : q_size + kv_size] = self.k_norm(k).flatten(1)
+            qkv[:, q_size : q_size + kv_size] = self.k_norm.forward(k).flatten(1)
         # q and k are adjacent in qkv: rotate them as one [tokens, heads + kv_heads, dim].
         qk = self.ops.rotate_heads(qkv, rope, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return self.o_proj.forward(out.reshape(num_tokens, -1))
 
 
 class DecoderLayer(nn.Module):
@@ -127,11 +131,11 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.ops.add_rms_norm(
                 hidden, residual, self.input_layernorm.weight, self.eps
             )
-        hidden = self.self_attn(hidden, rope, key_cache, value_cache, meta)
+        hidden = self.self_attn.forward(hidden, rope, key_cache, value_cache, meta)
         hidden, residual = self.ops.add_rms_norm(
             hidden, residual, self.post_attention_layernorm.weight, self.eps
         )
-        return self.mlp(hidden), residual
+        return self.mlp.forward(hidden), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -158,19 +162,19 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed_tokens.forward(input_ids), None
         rope = self.ops.rotary_inputs(self.rotary, positions)
         for layer, key_cache, value_cache in zip(
             self.layers, kv_cache.keys, kv_cache.values, strict=True
         ):
-            hidden, residual = layer(hidden, residual, rope, key_cache, value_cache, meta)
+            hidden, residual = layer.forward(hidden, residual, rope, key_cache, value_cache, meta)
         hidden, _ = self.ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
         return hidden
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype; the sampler widens them only when it must."""
-        return self.lm_head(hidden)
+        return self.lm_head.forward(hidden)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Give every parameter its HF-named checkpoint tensor in self.dtype, fusing q/k/v and
