@@ -66,9 +66,9 @@ from server.tool_calls import (
     ToolPolicy,
     conversation_for_template,
     finish_reason_of,
+    output_constraint,
     parse_tool_calls,
     resolve_tool_policy,
-    tool_call_constraint,
 )
 
 router = APIRouter()
@@ -85,15 +85,10 @@ async def create_chat_completion(request: Request) -> Response:
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
     structured_output = structured_output_of(body)  # 400 when it does not compile
     tools = tool_policy_of(body)
-    tool_constraint = tool_call_constraint(tools)  # required / named: calls always parse
-    if tool_constraint is not None:
-        if structured_output is not None:
-            raise bad_request(
-                "give response_format / structured_outputs or a tool_choice that forces a "
-                "call (required, a named function), not both",
-                param="tool_choice",
-            )
-        structured_output = tool_constraint
+    # required / named tool_choice: a grammar, so calls always parse
+    structured_output = output_constraint(
+        structured_output, tools, "response_format / structured_outputs"
+    )
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -253,9 +248,8 @@ class _ChatBuilder:
             if parser is None:
                 deltas: list[dict[str, Any]] = [{"content": update.text} if update.text else {}]
             else:
-                parsed = parser.feed(update.text) if update.text else []
+                parsed = parser.update(update.text, finished=finish_reason is not None)
                 if finish_reason is not None:
-                    parsed += parser.finish()
                     finish_reason = finish_reason_of(finish_reason, parser.num_calls > 0)
                 deltas = [d for delta in parsed for d in _delta_dicts(delta)]
                 if not (deltas or logprobs or progress or finish_reason):

@@ -23,11 +23,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from scheduler.sampling_params import SamplingParams, StructuredOutput
+from scheduler.sampling_params import SamplingParams
 from server.body import parse_request
-from server.errors import OpenAIError, bad_request
+from server.errors import OpenAIError
 from server.generation import Generation
-from server.protocol import SamplingFields, Usage, dump
+from server.protocol import Usage, dump
 from server.request_group import EngineRequestSpec
 from server.responses_protocol import (
     IncompleteDetails,
@@ -65,9 +65,9 @@ from server.tool_calls import (
     StreamDelta,
     ToolCall,
     ToolPolicy,
+    output_constraint,
     parse_tool_calls,
     resolve_tool_policy,
-    tool_call_constraint,
 )
 
 router = APIRouter()
@@ -94,7 +94,9 @@ async def create_response(request: Request) -> Response:
         tools = resolve_tool_policy(
             body.function_tools(), body.tool_choice_value(), body.parallel_tool_calls
         )
-        structured_output = _constraint(fields, tools)
+        structured_output = output_constraint(
+            structured_output_of(fields), tools, "text.format json_object / json_schema"
+        )
         prompt = await apply_chat_template(client, body.messages(), True, tools.tools)
         max_tokens = resolve_max_tokens(
             fields.max_tokens, len(prompt), client.max_request_tokens, None, "messages"
@@ -116,22 +118,6 @@ async def create_response(request: Request) -> Response:
         # Responses' stream ends with its last event: no `data: [DONE]`.
         return SSEResponse(builder.events(), lambda: client.release(group), done=False)
     return await respond(request, client, group, generation, builder, False, False)
-
-
-def _constraint(fields: SamplingFields, tools: ToolPolicy) -> StructuredOutput | None:
-    """text.format's constraint (400 when it does not compile), or the grammar a required or
-    named tool_choice needs so its calls always parse; not both."""
-    structured_output = structured_output_of(fields)
-    tool_constraint = tool_call_constraint(tools)
-    if tool_constraint is None:
-        return structured_output
-    if structured_output is not None:
-        raise bad_request(
-            "give text.format json_object / json_schema or a tool_choice that forces a call "
-            "(required, a named function), not both",
-            param="tool_choice",
-        )
-    return tool_constraint
 
 
 @contextmanager
@@ -188,9 +174,7 @@ class _ResponseBuilder:
             if parser is None:
                 deltas: list[StreamDelta] = [ContentDelta(update.text)]
             else:
-                deltas = parser.feed(update.text) if update.text else []
-                if update.finish_reason is not None:
-                    deltas += parser.finish()
+                deltas = parser.update(update.text, finished=update.finish_reason is not None)
             for delta in deltas:
                 for event in items.add(delta):
                     yield event

@@ -4,11 +4,11 @@ A route turns its request's tools into FunctionTool values and its tool_choice i
 ToolChoice, then:
 
     policy = resolve_tool_policy(tools, choice, parallel)      # 400s naming the fields
-    constraint = tool_call_constraint(policy)                  # required/named: a grammar
+    constraint = output_constraint(structured, policy, name)   # required/named: a grammar
     messages, tools_arg = conversation_for_template(messages, policy.tools, chat_template)
     ...generate...
     parsed = parse_tool_calls(text, policy.max_calls)          # if policy.parses_calls
-    # or, streaming: HermesStreamParser(policy.max_calls).feed(text) ... .finish()
+    # or, streaming: HermesStreamParser(policy.max_calls).update(text, finished) per update
     finish_reason = finish_reason_of(reason, bool(parsed.tool_calls))
 
 The one output format supported is hermes (`<tool_call>` JSON): Qwen2/2.5/3, Hermes and
@@ -17,7 +17,7 @@ SmolLM2 (through meterserve's own hermes prompt, its template having no tools).
 
 from __future__ import annotations
 
-from server.tool_calls.constraint import tool_call_constraint
+from server.tool_calls.constraint import output_constraint, tool_call_constraint
 from server.tool_calls.hermes import ParsedOutput, ToolCall, parse_tool_calls
 from server.tool_calls.prompt import conversation_for_template, template_renders_tools
 from server.tool_calls.stream import CallDelta, ContentDelta, HermesStreamParser, StreamDelta
@@ -42,6 +42,7 @@ __all__ = [
     "ToolPolicy",
     "conversation_for_template",
     "finish_reason_of",
+    "output_constraint",
     "parse_tool_calls",
     "resolve_tool_policy",
     "template_renders_tools",

@@ -64,6 +64,24 @@ def tool_call_constraint(policy: ToolPolicy, tools_param: str = "tools") -> Stru
     return constraint
 
 
+def output_constraint(
+    structured_output: StructuredOutput | None, policy: ToolPolicy, format_name: str
+) -> StructuredOutput | None:
+    """The request's one output constraint: its structured output (named `format_name` in
+    the error), or the grammar a required or named tool_choice needs so its calls always
+    parse; a request with both is a 400 naming tool_choice."""
+    tool_constraint = tool_call_constraint(policy)
+    if tool_constraint is None:
+        return structured_output
+    if structured_output is not None:
+        raise bad_request(
+            f"give {format_name} or a tool_choice that forces a call (required, a named "
+            "function), not both",
+            param="tool_choice",
+        )
+    return tool_constraint
+
+
 def _call_tag(tool: FunctionTool) -> dict[str, Any]:
     return {
         "type": "tag",

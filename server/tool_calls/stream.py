@@ -52,6 +52,11 @@ class HermesStreamParser:
             text = self._feed_tag(text, deltas) if self.in_tag else self._feed_text(text, deltas)
         return deltas
 
+    def update(self, text: str, finished: bool) -> list[StreamDelta]:
+        """feed() one generation update's text, then finish() if it was the last."""
+        deltas = self.feed(text) if text else []
+        return deltas + self.finish() if finished else deltas
+
     def finish(self) -> list[StreamDelta]:
         """The deltas the end of the output releases: a tag that never closed, held text."""
         deltas: list[StreamDelta] = []
