@@ -61,6 +61,11 @@ class InputTextPart(_Request):
     logprobs: list[Any] | None = None
 
 
+def _joined(value: str | list[InputTextPart]) -> str:
+    """A text field that may also come as a list of input_text parts."""
+    return value if isinstance(value, str) else "".join(part.text for part in value)
+
+
 class InputMessage(_Request):
     """One message item of `input` (`type` may be left out, as the SDK's EasyInputMessage
     does). `id` and `status` come back with an earlier response's output item; unused."""
@@ -72,9 +77,7 @@ class InputMessage(_Request):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return _joined(self.content)
 
 
 class FunctionCallItem(_Request):
@@ -98,9 +101,7 @@ class FunctionCallOutputItem(_Request):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return _joined(self.output)
 
 
 def _item_type(item: Any) -> str:
