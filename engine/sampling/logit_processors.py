@@ -17,14 +17,7 @@ from scheduler.output import ScheduledChunk, TokenLogprobs
 
 def needs_processing(chunk: ScheduledChunk) -> bool:
     """False for plain greedy rows: those take the argmax of the model's logits as they are."""
-    params = chunk.sampling_params
-    return (
-        not params.greedy
-        or params.logprobs is not None
-        or params.uses_penalties
-        or bool(params.logit_bias)
-        or len(chunk.output_token_ids) < params.min_tokens
-    )
+    return not chunk.sampling_params.greedy or _processed_or_reported(chunk)
 
 
 def samples_only(chunk: ScheduledChunk) -> bool:
@@ -32,12 +25,19 @@ def samples_only(chunk: ScheduledChunk) -> bool:
     truncation filters are all it needs."""
     params = chunk.sampling_params
     return (
-        not params.greedy
-        and params.logprobs is None
-        and not params.uses_penalties
-        and not params.logit_bias
-        and len(chunk.output_token_ids) >= params.min_tokens
-        and params.structured_output is None
+        not params.greedy and params.structured_output is None and not _processed_or_reported(chunk)
+    )
+
+
+def _processed_or_reported(chunk: ScheduledChunk) -> bool:
+    """The row's logits go through a processor (bias, min_tokens ban, penalties) or its
+    logprobs are reported."""
+    params = chunk.sampling_params
+    return (
+        params.logprobs is not None
+        or params.uses_penalties
+        or bool(params.logit_bias)
+        or len(chunk.output_token_ids) < params.min_tokens
     )
 
 
