@@ -67,7 +67,9 @@ def _build():
     _put_ninja_on_path()
     from torch.utils.cpp_extension import load
 
-    build_dir = _cache_root() / "kernels" / _source_digest()
+    from engine.loader import cache_root
+
+    build_dir = cache_root() / "kernels" / _source_digest()
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
         name="meterserve_cpu_kernels",
@@ -85,10 +87,6 @@ def _source_digest() -> str:
         digest.update((SOURCE_DIR / name).read_bytes())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("METERSERVE_CACHE_DIR", Path.home() / ".cache" / "meterserve"))
 
 
 @functools.cache
