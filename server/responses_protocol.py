@@ -212,8 +212,10 @@ class ResponsesRequest(_Request):
 
     def tool_choice_value(self) -> ToolChoice | None:
         choice = self.tool_choice
-        if choice is None or isinstance(choice, str):
-            return None if choice is None else ToolChoice(choice)
+        if choice is None:
+            return None
+        if isinstance(choice, str):
+            return ToolChoice(choice)
         return ToolChoice("named", choice.name)
 
     @property
