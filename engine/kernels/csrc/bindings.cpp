@@ -144,9 +144,7 @@ void check_sampling_rows(const torch::Tensor& logits, const torch::Tensor& rows,
   TORCH_CHECK(temperature.scalar_type() == torch::kFloat32 && temperature.is_contiguous() &&
                   temperature.numel() == rows.numel(),
               "temperature must be float32 [R]");
-  const int64_t* r = data<int64_t>(rows);
-  for (int64_t i = 0; i < rows.numel(); ++i)
-    TORCH_CHECK(r[i] >= 0 && r[i] < logits.size(0), "row index out of range");
+  check_indices(data<int64_t>(rows), rows.numel(), logits.size(0), "row index");
 }
 
 std::vector<torch::Tensor> top_candidates_op(const torch::Tensor& logits,
