@@ -23,6 +23,7 @@ from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
+from engine.models.decode_stack import build_decode_stack
 from engine.models.layer_ops import make_layer_ops
 from engine.models.packed_linear import (
     SMALL_BATCH_ROWS,
@@ -162,6 +163,7 @@ class ModelRunner:
         self.kv_cache = KVCacheTensors.allocate(
             s.num_layers, num_blocks, self.block_size, s.num_kv_heads, s.head_dim, self.dtype
         )
+        self.model.decode_stack = build_decode_stack(self.model, self.kv_cache, self.kernels)
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(output.finished_request_ids)

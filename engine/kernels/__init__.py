@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = [
     "bindings.cpp",
+    "decode_stack_binding.cpp",
+    "decode_stack.cpp",
     "small_batch_linear.cpp",
     "quantized_linear.cpp",
     "amx_linear.cpp",
@@ -33,6 +35,9 @@ SOURCES = [
 ]
 HEADERS = [
     "amx.h",
+    "binding_checks.h",
+    "decode_stack.h",
+    "decode_stack_binding.h",
     "kernels.h",
     "numeric.h",
     "paged_attention_amx.h",

@@ -159,10 +159,16 @@ class LlamaForCausalLM(nn.Module):
             self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
             self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config, shape.head_dim, max_positions, dtype)
+        # Set by the runner once the KV cache exists (engine/models/decode_stack.py): runs
+        # small decode-only steps' layers in one native call, bit-identical to the loop below.
+        self.decode_stack = None
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens.forward(input_ids), None
+        stack = self.decode_stack
+        if stack is not None and stack.takes(meta, hidden.shape[0], kv_cache):
+            return stack.run(hidden, positions, meta)
         rope = self.ops.rotary_inputs(self.rotary, positions)
         for layer, key_cache, value_cache in zip(
             self.layers, kv_cache.keys, kv_cache.values, strict=True

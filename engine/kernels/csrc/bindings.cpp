@@ -1,41 +1,11 @@
 // Python bindings: check every tensor's dtype, shape and layout, then call the raw kernels.
-// The only file that includes torch; the kernels compile without it.
-#include <torch/extension.h>
-
-#include "kernels.h"
+// The binding files (bindings*.cpp) are the only ones that include torch; the kernels compile
+// without it.
+#include "binding_checks.h"
+#include "decode_stack_binding.h"
 
 namespace meterserve {
 namespace {
-
-void check_row_major(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
-}
-
-void check_same_dtype(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtypes differ (", a.scalar_type(),
-              " vs ", b.scalar_type(), ")");
-}
-
-// Indices come from our own scheduler, but a bad one would write outside a tensor: check.
-void check_indices(const int64_t* values, int64_t count, int64_t limit, const char* what) {
-  for (int64_t i = 0; i < count; ++i)
-    TORCH_CHECK(values[i] >= 0 && values[i] < limit, what, " ", values[i], " out of [0, ", limit, ")");
-}
-
-template <typename T>
-T* data(const torch::Tensor& t) {
-  return reinterpret_cast<T*>(t.data_ptr());
-}
-
-// Calls fn.template operator()<T>() with T = float or bf16 from the tensor's dtype.
-template <typename Fn>
-void dispatch(const torch::Tensor& t, Fn&& fn) {
-  if (t.scalar_type() == torch::kFloat32) return fn(float{});
-  TORCH_CHECK(t.scalar_type() == torch::kBFloat16, "expected float32 or bfloat16, got ",
-              t.scalar_type());
-  return fn(bf16{});
-}
 
 torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor& weight,
                                     const c10::optional<torch::Tensor>& bias) {
@@ -56,28 +26,13 @@ torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor&
   return out;
 }
 
-// kind 0 = Q4_1: codes uint8 [N, K / 2], scales and mins float32 [N, K / 32];
-// kind 1 = Q8_0: codes int8 [N, K], scales float32 [N, K / 32], no mins.
 torch::Tensor quantized_linear_op(const torch::Tensor& x, int64_t kind, const torch::Tensor& codes,
                                   const torch::Tensor& scales,
                                   const c10::optional<torch::Tensor>& mins) {
-  TORCH_CHECK(kind == 0 || kind == 1, "quantized_linear: kind must be 0 (Q4_1) or 1 (Q8_0)");
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4, "x must be [1..4, K]");
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous bfloat16");
   const int64_t K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(K % 32 == 0, "quantized_linear: K must be a multiple of 32");
-  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2 && codes.element_size() == 1 &&
-                  codes.size(1) == (kind == 0 ? K / 2 : K),
-              "codes must be contiguous [N, K / 2] (Q4_1) or [N, K] (Q8_0) bytes");
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 &&
-                  scales.numel() == N * (K / 32),
-              "scales must be contiguous float32 [N, K / 32]");
-  TORCH_CHECK(kind == 1 || (mins.has_value() && mins->is_contiguous() &&
-                            mins->scalar_type() == torch::kFloat32 && mins->numel() == N * (K / 32)),
-              "Q4_1 needs mins, contiguous float32 [N, K / 32]");
-  const QuantizedWeight weight{static_cast<QuantKind>(kind),
-                               reinterpret_cast<const uint8_t*>(codes.data_ptr()),
-                               data<float>(scales), kind == 0 ? data<float>(*mins) : nullptr};
+  const QuantizedWeight weight = quantized_weight(kind, codes, scales, mins, K);
   auto out = torch::empty({x.size(0), N}, x.options());
   quantized_linear(data<bf16>(x), weight, data<bf16>(out), x.size(0), N, K);
   return out;
@@ -384,4 +339,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode attention over the paged cache", without_gil);
   m.def("paged_prefill_attention", &paged_prefill_attention_op,
         "causal prefill attention of chunks over the paged cache, bf16", without_gil);
+  bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
 }

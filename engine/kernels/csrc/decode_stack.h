@@ -1,0 +1,51 @@
+// The decoder layers of a decode-only step in one call: see decode_stack.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels.h"
+
+namespace meterserve {
+
+// A linear layer without bias, as the small-batch path reads it: GGUF blocks when
+// quantized.codes is set, else the row-major bf16 `dense` [out_features, in_features].
+struct SmallLinear {
+  QuantizedWeight quantized{QuantKind::kQ4_1, nullptr, nullptr, nullptr};
+  const bf16* dense = nullptr;
+  int64_t out_features = 0, in_features = 0;
+};
+
+struct DecodeLayer {
+  const bf16* input_norm;
+  const bf16* post_attention_norm;
+  SmallLinear qkv, o, gate_up, down;
+  bf16* key_cache;  // [slots, num_kv_heads, head_dim]
+  bf16* value_cache;
+};
+
+struct DecodeStackShape {
+  int64_t hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim, block_size;
+  float eps, scale;
+  const bf16* cos;  // RoPE tables [max_positions, head_dim]
+  const bf16* sin;
+  int64_t qkv_width() const { return (num_heads + 2 * num_kv_heads) * head_dim; }
+};
+
+// One token per row, each a decode of its own request.
+struct DecodeStep {
+  int64_t rows;                 // 1..4
+  const int64_t* positions;     // [rows]
+  const int64_t* slots;         // [rows]: the cache slot of each row's new K/V
+  const int64_t* block_tables;  // [rows, max_blocks]
+  int64_t max_blocks;
+  const int64_t* context_lens;  // [rows], after this step's K/V
+};
+
+// hidden [rows, hidden_size]: the embeddings in, the final-normed hidden states out;
+// residual: scratch of the same size (the residual stream).
+void decode_stack(const std::vector<DecodeLayer>& layers, const DecodeStackShape& shape,
+                  const DecodeStep& step, const bf16* final_norm, bf16* hidden,
+                  bf16* residual);
+
+}  // namespace meterserve

@@ -1,0 +1,174 @@
+// DecodeStack: a model's decoder layers as decode_stack reads them, checked once at build time,
+// and the per-step checks of the batch it runs. It keeps a reference to every tensor its raw
+// pointers point into, so the weights and caches outlive it.
+#include <tuple>
+#include <vector>
+
+#include "binding_checks.h"
+#include "decode_stack.h"
+#include "decode_stack_binding.h"
+
+namespace meterserve {
+namespace {
+
+constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, else QuantKind
+
+// (kind, tensors): (-1, [weight]) | (0, [codes, scales, mins]) Q4_1 | (1, [codes, scales]) Q8_0.
+using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
+
+class DecodeStack {
+ public:
+  DecodeStack(const std::vector<torch::Tensor>& norms, const std::vector<LinearSpec>& linears,
+              const std::vector<torch::Tensor>& key_caches,
+              const std::vector<torch::Tensor>& value_caches, const torch::Tensor& cos,
+              const torch::Tensor& sin, int64_t num_heads, int64_t num_kv_heads,
+              int64_t block_size, double eps, double scale) {
+    const int64_t num_layers = static_cast<int64_t>(key_caches.size());
+    TORCH_CHECK(num_layers >= 1 && value_caches.size() == key_caches.size(),
+                "DecodeStack: one key and one value cache per layer");
+    TORCH_CHECK(norms.size() == 2 * key_caches.size() + 1,
+                "DecodeStack: two norms per layer and the final norm");
+    TORCH_CHECK(linears.size() == 4 * key_caches.size(),
+                "DecodeStack: four linears per layer (qkv, o, gate_up, down)");
+    TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.scalar_type() == torch::kBFloat16 &&
+                    sin.scalar_type() == torch::kBFloat16,
+                "DecodeStack: cos/sin must be contiguous bfloat16 [positions, head_dim]");
+    const int64_t head_dim = cos.size(1), hidden = norms[0].numel();
+    TORCH_CHECK(head_dim % 16 == 0 && head_dim <= 256 && num_kv_heads >= 1 &&
+                    num_heads % num_kv_heads == 0 && block_size >= 1,
+                "DecodeStack: head_dim a multiple of 16 up to 256, heads a multiple of kv heads");
+    const int64_t inter = inputs_of(linears[3]);
+    shape_ = DecodeStackShape{hidden,     inter, num_heads, num_kv_heads, head_dim, block_size,
+                              float(eps), float(scale), data<bf16>(cos), data<bf16>(sin)};
+    max_positions_ = cos.size(0);
+    num_slots_ = key_caches[0].size(0);
+    for (const auto& norm : norms) keep_vector(norm, hidden, "norm weight");
+    keep(cos);
+    keep(sin);
+    final_norm_ = data<bf16>(norms.back());
+    const int64_t q_size = num_heads * head_dim;
+    for (int64_t i = 0; i < num_layers; ++i) {
+      DecodeLayer layer{};
+      layer.input_norm = data<bf16>(norms[2 * i]);
+      layer.post_attention_norm = data<bf16>(norms[2 * i + 1]);
+      layer.qkv = linear(linears[4 * i], shape_.qkv_width(), hidden);
+      layer.o = linear(linears[4 * i + 1], hidden, q_size);
+      layer.gate_up = linear(linears[4 * i + 2], 2 * inter, hidden);
+      layer.down = linear(linears[4 * i + 3], hidden, inter);
+      layer.key_cache = cache(key_caches[i]);
+      layer.value_cache = cache(value_caches[i]);
+      layers_.push_back(layer);
+    }
+  }
+
+  // hidden: [rows, hidden_size] embeddings, one decode per row -> the final-normed hidden.
+  torch::Tensor run(const torch::Tensor& hidden, const torch::Tensor& positions,
+                    const torch::Tensor& slots, const torch::Tensor& block_tables,
+                    const torch::Tensor& context_lens) const {
+    TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= 4 &&
+                    hidden.size(1) == shape_.hidden_size && hidden.scalar_type() == torch::kBFloat16,
+                "DecodeStack.run: hidden must be bfloat16 [1..4, hidden_size]");
+    const int64_t rows = hidden.size(0);
+    check_rows(positions, rows, "positions");
+    check_rows(slots, rows, "slots");
+    check_rows(context_lens, rows, "context_lens");
+    TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
+                    block_tables.dim() == 2 && block_tables.size(0) == rows,
+                "DecodeStack.run: block_tables must be int64 [rows, max_blocks]");
+    const int64_t max_blocks = block_tables.size(1);
+    check_indices(data<int64_t>(positions), rows, max_positions_, "position");
+    check_indices(data<int64_t>(slots), rows, num_slots_, "slot");
+    check_indices(data<int64_t>(block_tables), block_tables.numel(),
+                  num_slots_ / shape_.block_size, "block id");
+    check_indices(data<int64_t>(context_lens), rows, max_blocks * shape_.block_size + 1,
+                  "context length");
+    auto out = hidden.contiguous().clone();
+    auto residual = torch::empty_like(out);
+    const DecodeStep step{rows, data<int64_t>(positions), data<int64_t>(slots),
+                          data<int64_t>(block_tables), max_blocks, data<int64_t>(context_lens)};
+    {
+      pybind11::gil_scoped_release no_gil;  // as the single kernels: see bindings.cpp
+      decode_stack(layers_, shape_, step, final_norm_, data<bf16>(out), data<bf16>(residual));
+    }
+    return out;
+  }
+
+ private:
+  // A linear's in_features: Q4_1 codes hold two weights a byte.
+  static int64_t inputs_of(const LinearSpec& spec) {
+    const auto& [kind, tensors] = spec;
+    TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2, "DecodeStack: a linear needs a 2-D weight");
+    return kind == 0 ? 2 * tensors[0].size(1) : tensors[0].size(1);
+  }
+
+  void keep(const torch::Tensor& t) { kept_.push_back(t); }
+
+  void keep_vector(const torch::Tensor& t, int64_t size, const char* what) {
+    TORCH_CHECK(t.is_contiguous() && t.numel() == size && t.scalar_type() == torch::kBFloat16,
+                "DecodeStack: ", what, " must be contiguous bfloat16 [", size, "]");
+    keep(t);
+  }
+
+  bf16* cache(const torch::Tensor& t) {
+    TORCH_CHECK(t.dim() == 3 && t.is_contiguous() && t.scalar_type() == torch::kBFloat16 &&
+                    t.size(0) == num_slots_ && t.size(0) % shape_.block_size == 0 &&
+                    t.size(1) == shape_.num_kv_heads && t.size(2) == shape_.head_dim,
+                "DecodeStack: caches must be contiguous bfloat16 [slots, kv_heads, head_dim]");
+    keep(t);
+    return data<bf16>(t);
+  }
+
+  SmallLinear linear(const LinearSpec& spec, int64_t out_features, int64_t in_features) {
+    const auto& [kind, tensors] = spec;
+    SmallLinear w;
+    w.out_features = out_features;
+    w.in_features = in_features;
+    for (const auto& t : tensors) keep(t);
+    if (kind == kDense) {
+      TORCH_CHECK(tensors.size() == 1, "DecodeStack: a dense linear is one weight tensor");
+      const auto& weight = tensors[0];
+      TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == torch::kBFloat16 &&
+                      weight.dim() == 2 && weight.size(0) == out_features &&
+                      weight.size(1) == in_features,
+                  "DecodeStack: dense weight must be contiguous bfloat16 [", out_features, ", ",
+                  in_features, "]");
+      w.dense = data<bf16>(weight);
+      return w;
+    }
+    TORCH_CHECK(tensors.size() == (kind == 0 ? 3u : 2u),
+                "DecodeStack: Q4_1 is (codes, scales, mins), Q8_0 (codes, scales)");
+    TORCH_CHECK(tensors[0].size(0) == out_features, "DecodeStack: a linear has ",
+                tensors[0].size(0), " rows, expected ", out_features);
+    const c10::optional<torch::Tensor> mins =
+        kind == 0 ? c10::optional<torch::Tensor>(tensors[2]) : c10::nullopt;
+    w.quantized = quantized_weight(kind, tensors[0], tensors[1], mins, in_features);
+    return w;
+  }
+
+  static void check_rows(const torch::Tensor& t, int64_t rows, const char* what) {
+    TORCH_CHECK(t.scalar_type() == torch::kInt64 && t.is_contiguous() && t.numel() == rows,
+                "DecodeStack.run: ", what, " must be int64 [rows]");
+  }
+
+  std::vector<torch::Tensor> kept_;
+  std::vector<DecodeLayer> layers_;
+  DecodeStackShape shape_{};
+  const bf16* final_norm_ = nullptr;
+  int64_t max_positions_ = 0, num_slots_ = 0;
+};
+
+}  // namespace
+
+void bind_decode_stack(pybind11::module_& m) {
+  pybind11::class_<DecodeStack>(m, "DecodeStack",
+                                "a model's decoder layers for decode-only steps of 1-4 rows")
+      .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<LinearSpec>&,
+                          const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
+                          const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, int64_t,
+                          double, double>())
+      .def("run", &DecodeStack::run,
+           "embeddings [rows, hidden] of decode rows -> final-normed hidden states");
+}
+
+}  // namespace meterserve

@@ -1,0 +1,115 @@
+"""DecodeStack: a Llama model's decoder layers as one native call for small decode steps.
+
+A decode-only step of 1-4 rows (single-stream and few-stream serving) runs each layer's ~10
+kernels from Python: with the calls, their argument checks and the views between them, that
+is ≈ 1.3 ms of a ≈ 4.7 ms single-stream step. The native DecodeStack
+(engine/kernels/csrc/decode_stack.cpp) makes the same kernel calls in the same order from C++:
+its output is bit-identical to LlamaForCausalLM.forward's on the same step
+(tests/unit/test_decode_stack.py), so using it or not changes no token.
+
+It applies only where every piece of such a step already runs on a native kernel: bfloat16,
+the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
+GGUF blocks or a row-major bf16 weight (PackedLinear's small-batch path), no per-head q/k
+norm. Any other step, or model, takes the Python path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.cpu_kernel import CpuKernelAttention
+from engine.attention.kv_cache import KVCacheTensors
+from engine.attention.metadata import AttentionMetadata
+from engine.models.layer_ops import KernelLayerOps
+from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
+
+DENSE_KIND = -1  # the native stack's kind for a row-major bf16 weight (else the GGUF kind id)
+
+
+class DecodeStack:
+    """Owns the native stack built over one model's weights and one KV cache allocation."""
+
+    def __init__(self, native, kv_cache: KVCacheTensors) -> None:
+        self.native = native
+        self.kv_cache = kv_cache
+
+    def takes(self, meta: AttentionMetadata, num_tokens: int, kv_cache: KVCacheTensors) -> bool:
+        """Whether this step is one the stack runs: 1-4 decode rows over its own cache."""
+        return (
+            num_tokens <= SMALL_BATCH_ROWS
+            and meta.num_decodes == num_tokens
+            and meta.prefill_spans is None
+            and kv_cache is self.kv_cache
+        )
+
+    def run(self, embeddings: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
+        """Embeddings of the step's rows -> final-normed hidden states, K/V written."""
+        return self.native.run(
+            embeddings,
+            positions,
+            meta.slot_mapping,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+        )
+
+
+def build_decode_stack(model, kv_cache: KVCacheTensors, kernels) -> DecodeStack | None:
+    """The model's DecodeStack over kv_cache, or None where some piece of a small decode step
+    would not run on the native kernels (the Python path then serves every step)."""
+    if not _eligible(model, kernels):
+        return None
+    norms, linears = [], []
+    for layer in model.layers:
+        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        linears += [_linear_spec(linear) for linear in _linears(layer)]
+    norms.append(model.norm.weight)
+    shape = model.shape
+    native = kernels.DecodeStack(
+        [n.detach() for n in norms],
+        linears,
+        kv_cache.keys,
+        kv_cache.values,
+        model.rotary.cos,
+        model.rotary.sin,
+        shape.num_heads,
+        shape.num_kv_heads,
+        kv_cache.block_size,
+        shape.rms_norm_eps,
+        model.layers[0].self_attn.scale,
+    )
+    return DecodeStack(native, kv_cache)
+
+
+def _eligible(model, kernels) -> bool:
+    shape = model.shape
+    if kernels is None or model.dtype != torch.bfloat16 or shape.qk_norm:
+        return False
+    if shape.head_dim % 16 or shape.head_dim > 256:  # paged_decode_attention's head sizes
+        return False
+    if not isinstance(model.ops, KernelLayerOps):
+        return False
+    layers = list(model.layers)
+    if not all(isinstance(layer.self_attn.backend, CpuKernelAttention) for layer in layers):
+        return False
+    return all(_small_batch_native(linear) for layer in layers for linear in _linears(layer))
+
+
+def _linears(layer) -> tuple:
+    """A decoder layer's linears in the native stack's order."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _small_batch_native(linear) -> bool:
+    """Whether a linear's 1-4-row product runs on a native kernel without bias."""
+    if not isinstance(linear, PackedLinear) or linear.bias is not None:
+        return False
+    return linear.quantized is not None or linear.weight is not None
+
+
+def _linear_spec(linear: PackedLinear) -> tuple[int, list[torch.Tensor]]:
+    q = linear.quantized
+    if q is None:
+        return DENSE_KIND, [linear.weight]
+    tensors = [q.codes, q.scales] if q.mins is None else [q.codes, q.scales, q.mins]
+    return q.kind_id, tensors

@@ -1,0 +1,95 @@
+"""The native DecodeStack against the per-layer Python path it replaces, on the served model.
+
+The engine serves the embedded SmolLM2 Q4_1 GGUF in bfloat16, as the server does. Every
+decode-only step of 1-4 rows runs twice: first through the Python layer loop
+(LlamaForCausalLM.forward with the stack detached), then through the stack. The stack makes the
+same kernel calls in the same order, so both must give bit-identical hidden states and write
+bit-identical keys and values (the second run overwrites the first's slots with its own).
+Requests join and leave in waves, so steps of 1, 2, 3 and 4 rows occur, with contexts that
+cross block boundaries; sampled and greedy rows mix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.models.decode_stack import build_decode_stack
+from scheduler.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def served_llm():
+    llm = LLM(EngineConfig(dtype="bfloat16"))
+    if llm.engine.runner.model.decode_stack is None:
+        pytest.skip("the native kernels are not built on this machine")
+    return llm
+
+
+class BothWays:
+    """Wraps the model's forward: small decode steps run on both paths and are compared."""
+
+    def __init__(self, model) -> None:
+        self.model, self.stack, self.forward = model, model.decode_stack, model.forward
+        self.rows_checked: set[int] = set()
+        self.steps = 0
+
+    def __call__(self, input_ids, positions, kv_cache, meta):
+        if not self.stack.takes(meta, input_ids.shape[0], kv_cache):
+            return self.forward(input_ids, positions, kv_cache, meta)
+        self.model.decode_stack = None
+        reference = self.forward(input_ids, positions, kv_cache, meta)
+        reference_kv = _written(kv_cache, meta.slot_mapping)
+        self.model.decode_stack = self.stack
+        fused = self.forward(input_ids, positions, kv_cache, meta)
+        assert torch.equal(fused, reference), "hidden states differ"
+        for ours, theirs in zip(_written(kv_cache, meta.slot_mapping), reference_kv, strict=True):
+            assert torch.equal(ours, theirs), "cached keys/values differ"
+        self.rows_checked.add(input_ids.shape[0])
+        self.steps += 1
+        return fused
+
+
+def _written(kv_cache, slots) -> list[torch.Tensor]:
+    return [cache[slots].clone() for cache in (*kv_cache.keys, *kv_cache.values)]
+
+
+def test_stack_equals_the_layer_loop(served_llm) -> None:
+    model = served_llm.engine.runner.model
+    checker = BothWays(model)
+    model.forward = checker
+    try:
+        lengths = (5, 16, 31, 47)
+        prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate(lengths)]
+        # Lengths differ, so the four requests finish apart: 4, then 3, 2 and 1 decode rows.
+        params = [
+            SamplingParams(max_tokens=20, ignore_eos=True, temperature=0),
+            SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=3),
+            SamplingParams(max_tokens=28, ignore_eos=True, temperature=0),
+            SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0, seed=4),
+        ]
+        outputs = served_llm.generate(prompts, params)
+    finally:
+        del model.forward  # the instance attribute; the class's forward again
+    assert [len(o.token_ids) for o in outputs] == [20, 12, 28, 6]
+    assert checker.rows_checked == {1, 2, 3, 4}
+    # All four prompts prefill in one step; every step after it is a decode-only step.
+    assert checker.steps == max(len(o.token_ids) for o in outputs) - 1
+
+
+def test_stack_checks_its_inputs(served_llm) -> None:
+    stack = served_llm.engine.runner.model.decode_stack
+    hidden = torch.zeros(1, served_llm.engine.runner.shape.hidden_size, dtype=torch.bfloat16)
+    one = torch.zeros(1, dtype=torch.long)
+    tables = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="slot"):
+        stack.native.run(hidden, one, torch.tensor([10**9]), tables, one + 1)
+    with pytest.raises(RuntimeError, match="hidden"):
+        stack.native.run(hidden[:, :8], one, one, tables, one + 1)
+
+
+def test_no_stack_without_kernels(served_llm) -> None:
+    runner = served_llm.engine.runner
+    assert build_decode_stack(runner.model, runner.kv_cache, None) is None
