@@ -1,6 +1,6 @@
 """DecodeStack: a Llama model's decoder layers as one native call for small decode steps.
 
-A decode-only step of 1-4 rows (single-stream and few-stream serving) runs each layer's ~10
+A decode-only step of 1-8 rows (single-stream and few-stream serving) runs each layer's ~10
 kernels from Python: with the calls, their argument checks and the views between them, that
 is ≈ 1.3 ms of a ≈ 4.7 ms single-stream step. The native DecodeStack
 (engine/kernels/csrc/decode_stack.cpp) makes the same kernel calls in the same order from C++:
@@ -34,7 +34,7 @@ class DecodeStack:
         self.kv_cache = kv_cache
 
     def takes(self, meta: AttentionMetadata, num_tokens: int, kv_cache: KVCacheTensors) -> bool:
-        """Whether this step is one the stack runs: 1-4 decode rows over its own cache."""
+        """Whether this step is one the stack runs: 1-8 decode rows over its own cache."""
         return (
             num_tokens <= SMALL_BATCH_ROWS
             and meta.num_decodes == num_tokens
@@ -101,7 +101,7 @@ def _linears(layer) -> tuple:
 
 
 def _small_batch_native(linear) -> bool:
-    """Whether a linear's 1-4-row product runs on a native kernel without bias."""
+    """Whether a linear's small-batch product runs on a native kernel without bias."""
     if not isinstance(linear, PackedLinear) or linear.bias is not None:
         return False
     return linear.quantized is not None or linear.weight is not None

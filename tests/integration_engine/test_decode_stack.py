@@ -1,12 +1,13 @@
 """The native DecodeStack against the per-layer Python path it replaces, on the served model.
 
 The engine serves the embedded SmolLM2 Q4_1 GGUF in bfloat16, as the server does. Every
-decode-only step of 1-4 rows runs twice: first through the Python layer loop
+decode-only step of 1-8 rows runs twice: first through the Python layer loop
 (LlamaForCausalLM.forward with the stack detached), then through the stack. The stack makes the
 same kernel calls in the same order, so both must give bit-identical hidden states and write
 bit-identical keys and values (the second run overwrites the first's slots with its own).
-Requests join and leave in waves, so steps of 1, 2, 3 and 4 rows occur, with contexts that
-cross block boundaries; sampled and greedy rows mix.
+Eight requests of different lengths leave one by one, so steps of every size from 8 rows to
+1 occur (above 4 rows the GGUF matvecs take their bf16-weight path), with contexts that cross
+block boundaries; sampled and greedy rows mix.
 """
 
 from __future__ import annotations
@@ -61,21 +62,21 @@ def test_stack_equals_the_layer_loop(served_llm) -> None:
     checker = BothWays(model)
     model.forward = checker
     try:
-        lengths = (5, 16, 31, 47)
+        lengths = (5, 16, 31, 47, 9, 22, 64, 3)
         prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate(lengths)]
-        # Lengths differ, so the four requests finish apart: 4, then 3, 2 and 1 decode rows.
+        max_tokens = (20, 12, 28, 6, 9, 15, 24, 3)  # all different: 8 rows, then 7, ..., 1
         params = [
-            SamplingParams(max_tokens=20, ignore_eos=True, temperature=0),
-            SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=3),
-            SamplingParams(max_tokens=28, ignore_eos=True, temperature=0),
-            SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0, seed=4),
+            SamplingParams(max_tokens=n, ignore_eos=True, temperature=0, seed=i)
+            if i % 2
+            else SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.8, top_p=0.9, seed=i)
+            for i, n in enumerate(max_tokens)
         ]
         outputs = served_llm.generate(prompts, params)
     finally:
         del model.forward  # the instance attribute; the class's forward again
-    assert [len(o.token_ids) for o in outputs] == [20, 12, 28, 6]
-    assert checker.rows_checked == {1, 2, 3, 4}
-    # All four prompts prefill in one step; every step after it is a decode-only step.
+    assert [len(o.token_ids) for o in outputs] == list(max_tokens)
+    assert checker.rows_checked == set(range(1, 9))
+    # All eight prompts prefill in one step; every step after it is a decode-only step.
     assert checker.steps == max(len(o.token_ids) for o in outputs) - 1
 
 

@@ -104,7 +104,7 @@ def test_store_kv_writes_rows_at_slots(dtype) -> None:
         kernels.store_kv_(key, value, key_cache, value_cache, torch.tensor([7, 0, 10]))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])  # 5-8: two weight rows a tile
 @pytest.mark.parametrize("features", [(96, 576), (40, 80)])  # K = 80: a masked 16-lane tail
 def test_small_batch_linear_matches_fp32_matmul(rows, features) -> None:
     torch.manual_seed(rows)
@@ -138,11 +138,14 @@ def test_dequantize_equals_gguf_reference(kind) -> None:
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_quantized_linear_matches_dequantized_matmul(kind, rows) -> None:
     weight = _random_blocks(kind, 70, 192, seed=rows)
     x = torch.randn(rows, 192, dtype=torch.bfloat16)
-    want = (x.float() @ weight.dequantize().T).bfloat16()
+    # Up to 4 rows the file's exact weights; above, each block dequantized and rounded to bf16
+    # (kExactRows in quantized_linear.cpp), as the large-batch path's weights are.
+    weights = weight.dequantize() if rows <= 4 else weight.dequantize().bfloat16().float()
+    want = (x.float() @ weights.T).bfloat16()
     packed = repack(weight)
     got = kernels.quantized_linear(x, packed.kind_id, packed.codes, packed.scales, packed.mins)
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)

@@ -9,7 +9,8 @@ namespace {
 
 torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor& weight,
                                     const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4, "x must be [1..4, K]");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kSmallBatchRows,
+              "x must be [1..", kSmallBatchRows, ", K]");
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "x and weight must be contiguous");
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "small_batch_linear is bfloat16 only");
   check_same_dtype(x, weight, "small_batch_linear");
@@ -29,7 +30,8 @@ torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor&
 torch::Tensor quantized_linear_op(const torch::Tensor& x, int64_t kind, const torch::Tensor& codes,
                                   const torch::Tensor& scales,
                                   const c10::optional<torch::Tensor>& mins) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4, "x must be [1..4, K]");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kSmallBatchRows,
+              "x must be [1..", kSmallBatchRows, ", K]");
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous bfloat16");
   const int64_t K = x.size(1), N = codes.size(0);
   const QuantizedWeight weight = quantized_weight(kind, codes, scales, mins, K);
@@ -314,9 +316,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // shared state (AMX permission is a thread-safe static, scratch space is thread_local), so
   // two threads may call them at once. amx_available keeps the GIL: it returns a cached bool.
   const auto without_gil = py::call_guard<py::gil_scoped_release>();
-  m.def("small_batch_linear", &small_batch_linear_op, "x[M<=4,K] @ weight[N,K].T (+ bias), bf16",
+  m.def("small_batch_linear", &small_batch_linear_op, "x[M<=8,K] @ weight[N,K].T (+ bias), bf16",
         without_gil);
-  m.def("quantized_linear", &quantized_linear_op, "x[M<=4,K] @ dequantize(Q4_1/Q8_0 blocks).T",
+  m.def("quantized_linear", &quantized_linear_op, "x[M<=8,K] @ dequantize(Q4_1/Q8_0 blocks).T",
         without_gil);
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
   m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout", without_gil);
@@ -339,5 +341,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode attention over the paged cache", without_gil);
   m.def("paged_prefill_attention", &paged_prefill_attention_op,
         "causal prefill attention of chunks over the paged cache, bf16", without_gil);
+  m.attr("SMALL_BATCH_ROWS") = kSmallBatchRows;
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
 }

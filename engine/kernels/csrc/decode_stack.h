@@ -34,7 +34,7 @@ struct DecodeStackShape {
 
 // One token per row, each a decode of its own request.
 struct DecodeStep {
-  int64_t rows;                 // 1..4
+  int64_t rows;                 // 1..kSmallBatchRows
   const int64_t* positions;     // [rows]
   const int64_t* slots;         // [rows]: the cache slot of each row's new K/V
   const int64_t* block_tables;  // [rows, max_blocks]

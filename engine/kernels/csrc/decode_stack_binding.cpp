@@ -66,9 +66,9 @@ class DecodeStack {
   torch::Tensor run(const torch::Tensor& hidden, const torch::Tensor& positions,
                     const torch::Tensor& slots, const torch::Tensor& block_tables,
                     const torch::Tensor& context_lens) const {
-    TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= 4 &&
+    TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= kSmallBatchRows &&
                     hidden.size(1) == shape_.hidden_size && hidden.scalar_type() == torch::kBFloat16,
-                "DecodeStack.run: hidden must be bfloat16 [1..4, hidden_size]");
+                "DecodeStack.run: hidden must be bfloat16 [1..", kSmallBatchRows, ", hidden_size]");
     const int64_t rows = hidden.size(0);
     check_rows(positions, rows, "positions");
     check_rows(slots, rows, "slots");
@@ -162,7 +162,7 @@ class DecodeStack {
 
 void bind_decode_stack(pybind11::module_& m) {
   pybind11::class_<DecodeStack>(m, "DecodeStack",
-                                "a model's decoder layers for decode-only steps of 1-4 rows")
+                                "a model's decoder layers for decode-only steps of 1-8 rows")
       .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<LinearSpec>&,
                           const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, int64_t,

@@ -8,7 +8,11 @@
 
 namespace meterserve {
 
-// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M <= 4, K % 32 == 0; fp32 accumulate.
+// The most rows the small-batch products take (PackedLinear.SMALL_BATCH_ROWS in Python): up to
+// here they are bound by streaming the weight, which they read once for all rows.
+constexpr int64_t kSmallBatchRows = 8;
+
+// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M <= 8, K % 32 == 0; fp32 accumulate.
 // Streams the weight once for all M rows: the decode-time matrix-vector product.
 void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
                         int64_t M, int64_t N, int64_t K);
@@ -33,7 +37,7 @@ struct QuantizedWeight {
   const float* mins;
 };
 
-// out[m, n] = x[m, :] . dequantize(weight)[n, :], m < M <= 4, K % 32 == 0: the product of
+// out[m, n] = x[m, :] . dequantize(weight)[n, :], m < M <= 8, K % 32 == 0: the product of
 // small_batch_linear over 4- or 8-bit weights.
 void quantized_linear(const bf16* x, const QuantizedWeight& weight, bf16* out, int64_t M,
                       int64_t N, int64_t K);
