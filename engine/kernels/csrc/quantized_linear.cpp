@@ -142,7 +142,7 @@ void q8_0_row(const uint8_t* codes, const float* scales, const Activations& a, i
 // Rows above this count multiply bf16-rounded weights (see the top).
 constexpr int kExactRows = 4;
 
-// 16 fp32 values (0..15 or 16..31 of a block) as 32 bf16 with the next 16: lo to the low half.
+// A block's 32 weights from two fp32 halves (lo: elements 0-15), rounded to nearest even.
 inline __m512bh to_bf16(__m512 lo, __m512 hi) { return _mm512_cvtne2ps_pbh(hi, lo); }
 
 // One Q4_1 block as bf16 weights d (128 + q) + (m - 128 d), in element order.
@@ -165,9 +165,8 @@ inline __m512bh q8_weights(const uint8_t* codes, float scale) {
   return to_bf16(_mm512_mul_ps(d, lo), _mm512_mul_ps(d, hi));
 }
 
-// Rows > kExactRows: each block's bf16 weights, one dot product per input row. Plain unrolled
-// loops, not a lambda over the accumulator array: with the lambda GCC kept the 16
-// accumulators on the stack, storing and reloading them every few blocks.
+// Rows > kExactRows: each block's bf16 weights, one dot product per input row (loops shaped
+// as q4_1_row's, for the same reason).
 template <int M>
 void bf16_weight_row(const uint8_t* codes, int64_t code_bytes, const float* scales,
                      const float* mins, const Activations& a, int64_t blocks, float* out) {
@@ -177,27 +176,18 @@ void bf16_weight_row(const uint8_t* codes, int64_t code_bytes, const float* scal
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
     for (int c = 0; c < kC; ++c) acc[m][c] = _mm512_setzero_ps();
-  auto weights = [&](int64_t b) {
-    const uint8_t* block = codes + b * code_bytes;
-    return mins ? q4_weights(block, scales[b], mins[b]) : q8_weights(block, scales[b]);
-  };
-  int64_t b = 0;
-  for (; b + kC <= blocks; b += kC) {
+  for (int64_t b = 0; b < blocks; b += kC) {
 #pragma GCC unroll 4
     for (int c = 0; c < kC; ++c) {
-      const __m512bh w = weights(b + c);
+      if (b + c >= blocks) break;
+      const uint8_t* block = codes + (b + c) * code_bytes;
+      const __m512bh w = mins ? q4_weights(block, scales[b + c], mins[b + c])
+                              : q8_weights(block, scales[b + c]);
 #pragma GCC unroll 8
       for (int m = 0; m < M; ++m)
         acc[m][c] = _mm512_dpbf16_ps(
             acc[m][c], w, (__m512bh)_mm512_loadu_si512(a.x + m * a.K + (b + c) * kBlock));
     }
-  }
-  for (; b < blocks; ++b) {
-    const __m512bh w = weights(b);
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m)
-      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], w,
-                                   (__m512bh)_mm512_loadu_si512(a.x + m * a.K + b * kBlock));
   }
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_ps(sum_chains<M>(acc[m]));
