@@ -146,7 +146,11 @@ class ModelRunner:
         head_small, head_large = _module_bytes(head)
         row = self.shape.hidden_size * self.dtype_bytes
         small_rows = SMALL_BATCH_ROWS if self.kernels is not None else 0
-        return WeightBytes(body_small, body_large, head_small, head_large, row, small_rows)
+        stack = self.model.decode_stack  # built with the KV cache: call after allocate_kv_cache
+        stack_rows = 0 if stack is None else stack.max_rows
+        return WeightBytes(
+            body_small, body_large, head_small, head_large, row, small_rows, stack_rows
+        )
 
     @property
     def dtype_bytes(self) -> int:

@@ -117,7 +117,9 @@ class WeightBytes:
     weight as stored for it (a GGUF model's 4/8-bit blocks, else bf16 rows); more rows run the
     AMX / oneDNN matmul over bf16 (or float32) matrices. The body runs once per step over all
     new tokens; the LM head runs over the sampling rows only. small_batch_rows = 0: no
-    small-batch path (plain torch), every pass reads the *_large bytes.
+    small-batch path (plain torch), every pass reads the *_large bytes. A decode-only step of
+    at most `decode_stack_rows` rows runs the body in the decode stack, on the small-batch
+    layouts (engine/models/decode_stack.py); 0: no decode stack.
     """
 
     body_small: float  # every layer (linears, norms) but the embedding and LM head
@@ -126,9 +128,11 @@ class WeightBytes:
     head_large: float
     embedding_row: float  # one row of the embedding table, gathered per new token
     small_batch_rows: int = 0
+    decode_stack_rows: int = 0
 
-    def body(self, num_rows: int) -> float:
-        return self.body_small if 0 < num_rows <= self.small_batch_rows else self.body_large
+    def body(self, num_rows: int, decode_only: bool = False) -> float:
+        limit = max(self.small_batch_rows, self.decode_stack_rows if decode_only else 0)
+        return self.body_small if 0 < num_rows <= limit else self.body_large
 
     def head(self, num_rows: int) -> float:
         if num_rows == 0:
@@ -219,7 +223,8 @@ class CostModel:
         num_sampling = sum(1 for chunk in chunks if chunk.samples)
         num_prompt_rows = sum(chunk.num_prompt_logprob_rows for chunk in chunks)
         weights = self.weight_bytes
-        body, head = weights.body(num_tokens), weights.head(num_sampling)
+        decode_only = all(chunk.is_decode for chunk in chunks)
+        body, head = weights.body(num_tokens, decode_only), weights.head(num_sampling)
         prompt_head = self._prompt_logprob_head_bytes(num_prompt_rows)
         kv_per_token = self.shape.kv_bytes_per_token
         num_bytes = []

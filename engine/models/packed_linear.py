@@ -5,13 +5,11 @@ costs more than the matmul at decode batch sizes. So the weight is laid out once
 - more than SMALL_BATCH_ROWS rows: amx_linear over AMX tiles when the kernels have AMX and the
   shape tiles evenly, else oneDNN's blocked layout (as PyTorch's inductor packs with weight
   freezing);
-- up to SMALL_BATCH_ROWS rows (decode of a few requests, the LM head of a few requests), when
-  the native kernels are built: for a GGUF model, quantized_linear over the file's own 4/8-bit
-  blocks (use_quantized), a quarter of the bytes to stream (on AMD EPYC without AMX, SmolLM2's
-  decode step at 6 and 8 rows: 8.4-9.3 and 10.6-11.5 ms against 12.9-13.8 ms on oneDNN's
-  bf16 layout); else, on an AMX CPU, small_batch_linear over the plain row-major weight
-  (oneDNN on AMX streams a packed weight at only ~10 GB/s for one row; measured there for 1-4
-  rows, not for 5-8); without AMX, the same blocked layout as larger batches: oneDNN's
+- up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests), when the
+  native kernels are built: for a GGUF model, quantized_linear over the file's own 4/8-bit
+  blocks (use_quantized), a quarter of the bytes to stream; else, on an AMX CPU,
+  small_batch_linear over the plain row-major weight (oneDNN on AMX streams a packed weight at
+  only ~10 GB/s for one row); without AMX, the same blocked layout as larger batches: oneDNN's
   AVX512-BF16 kernels stream it faster than small_batch_linear (AMD EPYC, 1.5B shapes, 1-4
   rows: 4.4 vs 5.9 ms for one row of the 49152 x 2048 head), and no second copy is kept.
 Each layer thus holds one bf16 layout of its weight, or two on AMX CPUs (tiles and row-major).
@@ -26,7 +24,12 @@ from torch import nn
 
 from engine.quantized_weights import RepackedWeight
 
-SMALL_BATCH_ROWS = 8  # the matvec kernels' row limit (kSmallBatchRows in csrc/kernels.h)
+# Rows up to which a single call takes the small-batch kernels. The kernels take up to 8
+# (kSmallBatchRows in csrc/kernels.h); 5-8 rows use them only inside the decode stack
+# (engine/models/decode_stack.py), for decode-only steps: a 5-8-token prefill or prompt-logprob
+# pass stays on the large-batch path, so a prompt's logprobs come out the same alone or
+# batched with another prompt.
+SMALL_BATCH_ROWS = 4
 
 
 def packing_available() -> bool:

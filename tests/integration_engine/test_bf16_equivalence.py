@@ -35,8 +35,8 @@ from scheduler.sampling_params import SamplingParams
 
 MAX_NEW_TOKENS = 64
 # Waves of concurrent requests (prompt indices), run in this order, growing. Decode batches of
-# <= 8 rows read the GGUF blocks (PackedLinear.SMALL_BATCH_ROWS), exactly up to 4 rows;
-# 9 rows take the packed bf16 weights.
+# <= 8 rows read the GGUF blocks in the decode stack (decode_stack.QUANTIZED_STACK_ROWS),
+# exactly up to 4 rows; 9 rows take the packed bf16 weights.
 WAVES = ((1, 9), (3, 7, 11, 13, 15), (0, 2, 4, 5, 6, 8, 10, 12, 14))
 
 # Why 0.75 nats. HF's logits are bf16 values. This model's top logits reach 44 (measured; 2 to

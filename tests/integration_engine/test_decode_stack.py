@@ -2,7 +2,8 @@
 
 The engine serves the embedded SmolLM2 Q4_1 GGUF in bfloat16, as the server does. Every
 decode-only step of 1-8 rows runs twice: first through the Python layer loop
-(LlamaForCausalLM.forward with the stack detached), then through the stack. The stack makes the
+(LlamaForCausalLM.forward with the stack detached, its linears held to the small-batch kernels
+up to the stack's row limit), then through the stack. The stack makes the
 same kernel calls in the same order, so both must give bit-identical hidden states and write
 bit-identical keys and values (the second run overwrites the first's slots with its own).
 Eight requests of different lengths leave one by one, so steps of every size from 8 rows to
@@ -17,6 +18,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm import LLM
+from engine.models import packed_linear
 from engine.models.decode_stack import build_decode_stack
 from scheduler.sampling_params import SamplingParams
 
@@ -40,8 +42,14 @@ class BothWays:
     def __call__(self, input_ids, positions, kv_cache, meta):
         if not self.stack.takes(meta, input_ids.shape[0], kv_cache):
             return self.forward(input_ids, positions, kv_cache, meta)
-        self.model.decode_stack = None
-        reference = self.forward(input_ids, positions, kv_cache, meta)
+        # The Python loop with the stack's kernels: single linear calls take the small-batch
+        # kernels up to the stack's row limit too (above 4 rows they are only used inside it).
+        self.model.decode_stack, limit = None, packed_linear.SMALL_BATCH_ROWS
+        packed_linear.SMALL_BATCH_ROWS = self.stack.max_rows
+        try:
+            reference = self.forward(input_ids, positions, kv_cache, meta)
+        finally:
+            packed_linear.SMALL_BATCH_ROWS = limit
         reference_kv = _written(kv_cache, meta.slot_mapping)
         self.model.decode_stack = self.stack
         fused = self.forward(input_ids, positions, kv_cache, meta)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from transformers import LlamaConfig, Qwen3Config
 
@@ -180,6 +182,24 @@ def test_a_long_prefill_reads_bf16_body_but_its_single_sampling_row_reads_the_sm
     cost = CostModel(TINY, GGUF_LIKE).step_cost([prefill])
     # 8 rows > 4 for the body (2384 bf16), 1 sampling row <= 4 for the head (50).
     assert cost.chunk_bytes == [2384 + 50 + 8 * 32 + 8 * 32 + 8 * 16]
+
+
+def test_decode_only_steps_up_to_the_stack_limit_read_the_small_body():
+    """The decode stack runs decode-only steps of <= decode_stack_rows on the small layouts;
+    a step of as many rows that holds a prefill chunk runs the body on the large path."""
+    weights = dataclasses.replace(GGUF_LIKE, decode_stack_rows=8)
+    model = CostModel(TINY, weights)
+    decodes = [ChunkWork(1, 10, samples=True, is_decode=True) for _ in range(8)]
+    # 8 decode rows: body 700 split 8 ways; 8 sampling rows > 4: head 160 split 8 ways.
+    assert model.step_cost(decodes).chunk_bytes == [700 / 8 + 160 / 8 + 320 + 32 + 16] * 8
+    mixed = decodes[:4] + [
+        ChunkWork(num_new_tokens=4, context_len=4, samples=False, is_decode=False)
+    ]
+    # 4 sampling rows <= 4: the small head, 50 split 4 ways.
+    body = model.step_cost(mixed).chunk_bytes[0] - 50 / 4 - 320 - 32 - 16
+    assert body == pytest.approx(2384 / 8)  # 8 rows, not decode-only: the bf16 body
+    nine = [ChunkWork(1, 10, samples=True, is_decode=True) for _ in range(9)]
+    assert model.step_cost(nine).chunk_bytes[0] == pytest.approx(2384 / 9 + 160 / 9 + 368)
 
 
 def test_weight_bytes_dense_is_every_weight_in_the_run_time_dtype():
