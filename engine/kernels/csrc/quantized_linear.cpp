@@ -78,40 +78,13 @@ __m512 sum_chains(const __m512 (&acc)[kChains<M>]) {
   return total;
 }
 
-// The row loops below are plain unrolled loops, not a lambda over the accumulator array: with
-// a lambda GCC 12 kept the accumulators on the stack, storing and reloading them every few
-// blocks (8 rows of a 3,072 x 576 Q4_1 weight from cache: 122 -> 106 us; 4 rows 66 -> 53 us).
-template <int M>
-void q4_1_row(const uint8_t* codes, const float* scales, const float* mins,
-              const Activations& a, int64_t blocks, float* out) {
-  constexpr int kC = kChains<M>;
-  __m512 acc[M][kC];
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-    for (int c = 0; c < kC; ++c) acc[m][c] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b < blocks; b += kC) {
-#pragma GCC unroll 4
-    for (int c = 0; c < kC; ++c) {
-      if (b + c >= blocks) break;
-      const __m512bh q = q4_codes(codes + (b + c) * 16);
-      const __m512 d = _mm512_set1_ps(scales[b + c]);
-#pragma GCC unroll 8
-      for (int m = 0; m < M; ++m) {
-        const __m512bh x = (__m512bh)_mm512_loadu_si512(a.x + m * a.K + (b + c) * kBlock);
-        acc[m][c] = _mm512_fmadd_ps(d, _mm512_dpbf16_ps(_mm512_setzero_ps(), q, x), acc[m][c]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)
-    out[m] = _mm512_reduce_add_ps(sum_chains<M>(acc[m])) + dot(mins, &a.sums[m * blocks], blocks);
-}
-
-template <int M>
-void q8_0_row(const uint8_t* codes, const float* scales, const Activations& a, int64_t blocks,
-              float* out) {
+// out[m] = the sum over blocks of one weight row of what add_block(b, c, acc) adds to the
+// row-m accumulators acc[m][c] (c: the block's chain). Plain unrolled loops, the accumulator
+// array local here and handed to add_block by argument: when a lambda captured it instead,
+// GCC 12 kept the accumulators on the stack, storing and reloading them every few blocks
+// (8 rows of a 3,072 x 576 Q4_1 weight from cache: 122 -> 106 us; 4 rows 66 -> 53 us).
+template <int M, typename AddBlock>
+void sum_blocks(int64_t blocks, AddBlock&& add_block, float* out) {
   constexpr int kC = kChains<M>;
   __m512 acc[M][kC];
 #pragma GCC unroll 8
@@ -122,21 +95,47 @@ void q8_0_row(const uint8_t* codes, const float* scales, const Activations& a, i
 #pragma GCC unroll 4
     for (int c = 0; c < kC; ++c) {
       if (b + c >= blocks) break;
-      const __m128i* q = reinterpret_cast<const __m128i*>(codes + (b + c) * kBlock);
-      const __m512 q_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
-      const __m512 q_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
-      const __m512 d = _mm512_set1_ps(scales[b + c]);
-#pragma GCC unroll 8
-      for (int m = 0; m < M; ++m) {
-        const float* x = &a.xs[m * a.K + (b + c) * kBlock];
-        const __m512 dot = _mm512_fmadd_ps(q_hi, _mm512_loadu_ps(x + 16),
-                                           _mm512_mul_ps(q_lo, _mm512_loadu_ps(x)));
-        acc[m][c] = _mm512_fmadd_ps(d, dot, acc[m][c]);
-      }
+      add_block(b + c, c, acc);
     }
   }
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_ps(sum_chains<M>(acc[m]));
+}
+
+template <int M>
+using Accumulators = __m512[M][kChains<M>];
+
+template <int M>
+void q4_1_row(const uint8_t* codes, const float* scales, const float* mins,
+              const Activations& a, int64_t blocks, float* out) {
+  sum_blocks<M>(blocks, [&](int64_t b, int c, Accumulators<M>& acc) {
+    const __m512bh q = q4_codes(codes + b * 16);
+    const __m512 d = _mm512_set1_ps(scales[b]);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m512bh x = (__m512bh)_mm512_loadu_si512(a.x + m * a.K + b * kBlock);
+      acc[m][c] = _mm512_fmadd_ps(d, _mm512_dpbf16_ps(_mm512_setzero_ps(), q, x), acc[m][c]);
+    }
+  }, out);
+  for (int m = 0; m < M; ++m) out[m] += dot(mins, &a.sums[m * blocks], blocks);
+}
+
+template <int M>
+void q8_0_row(const uint8_t* codes, const float* scales, const Activations& a, int64_t blocks,
+              float* out) {
+  sum_blocks<M>(blocks, [&](int64_t b, int c, Accumulators<M>& acc) {
+    const __m128i* q = reinterpret_cast<const __m128i*>(codes + b * kBlock);
+    const __m512 q_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+    const __m512 q_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
+    const __m512 d = _mm512_set1_ps(scales[b]);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const float* x = &a.xs[m * a.K + b * kBlock];
+      const __m512 dot = _mm512_fmadd_ps(q_hi, _mm512_loadu_ps(x + 16),
+                                         _mm512_mul_ps(q_lo, _mm512_loadu_ps(x)));
+      acc[m][c] = _mm512_fmadd_ps(d, dot, acc[m][c]);
+    }
+  }, out);
 }
 
 // Rows above this count multiply bf16-rounded weights (see the top).
@@ -165,32 +164,18 @@ inline __m512bh q8_weights(const uint8_t* codes, float scale) {
   return to_bf16(_mm512_mul_ps(d, lo), _mm512_mul_ps(d, hi));
 }
 
-// Rows > kExactRows: each block's bf16 weights, one dot product per input row (loops shaped
-// as q4_1_row's, for the same reason).
+// Rows > kExactRows: each block's bf16 weights, one dot product per input row.
 template <int M>
 void bf16_weight_row(const uint8_t* codes, int64_t code_bytes, const float* scales,
                      const float* mins, const Activations& a, int64_t blocks, float* out) {
-  constexpr int kC = kChains<M>;
-  __m512 acc[M][kC];
+  sum_blocks<M>(blocks, [&](int64_t b, int c, Accumulators<M>& acc) {
+    const uint8_t* block = codes + b * code_bytes;
+    const __m512bh w = mins ? q4_weights(block, scales[b], mins[b]) : q8_weights(block, scales[b]);
 #pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-    for (int c = 0; c < kC; ++c) acc[m][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; b += kC) {
-#pragma GCC unroll 4
-    for (int c = 0; c < kC; ++c) {
-      if (b + c >= blocks) break;
-      const uint8_t* block = codes + (b + c) * code_bytes;
-      const __m512bh w = mins ? q4_weights(block, scales[b + c], mins[b + c])
-                              : q8_weights(block, scales[b + c]);
-#pragma GCC unroll 8
-      for (int m = 0; m < M; ++m)
-        acc[m][c] = _mm512_dpbf16_ps(
-            acc[m][c], w, (__m512bh)_mm512_loadu_si512(a.x + m * a.K + (b + c) * kBlock));
-    }
-  }
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_ps(sum_chains<M>(acc[m]));
+    for (int m = 0; m < M; ++m)
+      acc[m][c] = _mm512_dpbf16_ps(acc[m][c], w,
+                                   (__m512bh)_mm512_loadu_si512(a.x + m * a.K + b * kBlock));
+  }, out);
 }
 
 template <int M>
