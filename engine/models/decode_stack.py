@@ -1,11 +1,11 @@
 """DecodeStack: a Llama model's decoder layers as one native call for small decode steps.
 
 A decode-only step of a few rows (single-stream and few-stream serving: 1-8 for a GGUF model,
-1-4 for a row-major bf16 one) runs each layer's ~10 kernels from Python: with the calls, their argument checks and the views between them, that
-is ≈ 1.3 ms of a ≈ 4.7 ms single-stream step. The native DecodeStack
-(engine/kernels/csrc/decode_stack.cpp) makes the same kernel calls in the same order from C++:
-its output is bit-identical to LlamaForCausalLM.forward's on the same step
-(tests/integration_engine/test_decode_stack.py), so using it or not changes no token.
+1-4 for a row-major bf16 one) runs each layer's ~10 kernels from Python: with the calls, their
+argument checks and the views between them, that is ≈ 1.3 ms of a ≈ 4.7 ms single-stream step.
+The native DecodeStack (engine/kernels/csrc/decode_stack.cpp) makes the same kernel calls in
+the same order from C++: its output is bit-identical to LlamaForCausalLM.forward's on the same
+step (tests/integration_engine/test_decode_stack.py), so using it or not changes no token.
 
 It applies only where every piece of such a step already runs on a native kernel: bfloat16,
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
@@ -24,12 +24,6 @@ from engine.models.layer_ops import KernelLayerOps
 from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
 DENSE_KIND = -1  # the native stack's kind for a row-major bf16 weight (else the GGUF kind id)
-# Decode-only steps of up to this many rows run in the stack when every linear has GGUF blocks
-# (5-8 rows dequantize each block to bf16 once for all rows; measured on AMD EPYC without AMX:
-# SmolLM2 decode steps of 6 and 8 rows 9.5-11.3 and 10.5-11.7 ms, against 12.6-15.7 and
-# 14.0-14.6 ms on oneDNN's bf16 layout). A row-major bf16 model (AMX CPUs) stays at SMALL_BATCH_ROWS: its 5-8
-# row matvecs were not measured against the AMX tiles.
-QUANTIZED_STACK_ROWS = 8
 
 
 class DecodeStack:
@@ -84,8 +78,17 @@ def build_decode_stack(model, kv_cache: KVCacheTensors, kernels) -> DecodeStack 
         shape.rms_norm_eps,
         model.layers[0].self_attn.scale,
     )
+    return DecodeStack(native, kv_cache, _max_rows(linears, kernels))
+
+
+def _max_rows(linears, kernels) -> int:
+    """The stack's row limit. With GGUF blocks in every linear, the kernels' own limit (8: above
+    4 rows each block is dequantized to bf16 once for all rows; measured on AMD EPYC without
+    AMX, SmolLM2 decode steps of 6 and 8 rows 9.5-11.3 and 10.5-11.7 ms, against 12.6-15.7 and
+    14.0-14.6 ms on oneDNN's bf16 layout). A row-major bf16 model (AMX CPUs) stays at
+    SMALL_BATCH_ROWS: its 5-8-row matvecs were not measured against the AMX tiles."""
     quantized = all(kind != DENSE_KIND for kind, _ in linears)
-    return DecodeStack(native, kv_cache, QUANTIZED_STACK_ROWS if quantized else SMALL_BATCH_ROWS)
+    return kernels.MAX_SMALL_BATCH_ROWS if quantized else SMALL_BATCH_ROWS
 
 
 def _eligible(model, kernels) -> bool:

@@ -35,7 +35,7 @@ from scheduler.sampling_params import SamplingParams
 
 MAX_NEW_TOKENS = 64
 # Waves of concurrent requests (prompt indices), run in this order, growing. Decode batches of
-# <= 8 rows read the GGUF blocks in the decode stack (decode_stack.QUANTIZED_STACK_ROWS),
+# <= 8 rows read the GGUF blocks in the decode stack (kernels' MAX_SMALL_BATCH_ROWS),
 # exactly up to 4 rows; 9 rows take the packed bf16 weights.
 WAVES = ((1, 9), (3, 7, 11, 13, 15), (0, 2, 4, 5, 6, 8, 10, 12, 14))
 

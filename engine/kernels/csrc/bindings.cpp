@@ -341,6 +341,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode attention over the paged cache", without_gil);
   m.def("paged_prefill_attention", &paged_prefill_attention_op,
         "causal prefill attention of chunks over the paged cache, bf16", without_gil);
-  m.attr("SMALL_BATCH_ROWS") = kSmallBatchRows;
+  m.attr("MAX_SMALL_BATCH_ROWS") = kSmallBatchRows;  // the decode stack of a GGUF model
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
 }

@@ -67,7 +67,8 @@ class DecodeStack {
                     const torch::Tensor& slots, const torch::Tensor& block_tables,
                     const torch::Tensor& context_lens) const {
     TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= kSmallBatchRows &&
-                    hidden.size(1) == shape_.hidden_size && hidden.scalar_type() == torch::kBFloat16,
+                    hidden.size(1) == shape_.hidden_size &&
+                    hidden.scalar_type() == torch::kBFloat16,
                 "DecodeStack.run: hidden must be bfloat16 [1..", kSmallBatchRows, ", hidden_size]");
     const int64_t rows = hidden.size(0);
     check_rows(positions, rows, "positions");
@@ -98,7 +99,8 @@ class DecodeStack {
   // A linear's in_features: Q4_1 codes hold two weights a byte.
   static int64_t inputs_of(const LinearSpec& spec) {
     const auto& [kind, tensors] = spec;
-    TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2, "DecodeStack: a linear needs a 2-D weight");
+    TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2,
+                "DecodeStack: a linear needs a 2-D weight");
     return kind == 0 ? 2 * tensors[0].size(1) : tensors[0].size(1);
   }
 

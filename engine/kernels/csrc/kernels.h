@@ -8,8 +8,9 @@
 
 namespace meterserve {
 
-// The most rows the small-batch products take (PackedLinear.SMALL_BATCH_ROWS in Python): up to
-// here they are bound by streaming the weight, which they read once for all rows.
+// The most rows the small-batch products take (MAX_SMALL_BATCH_ROWS in Python, the decode stack's
+// limit for a GGUF model): up to here they are bound by streaming the weight, which they read
+// once for all rows.
 constexpr int64_t kSmallBatchRows = 8;
 
 // out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M <= 8, K % 32 == 0; fp32 accumulate.
