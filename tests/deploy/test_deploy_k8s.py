@@ -158,6 +158,18 @@ def test_every_meterserve_env_var_is_a_real_flag_and_parses() -> None:
         assert settings.drain_grace_period == float(config["METERSERVE_DRAIN_GRACE_PERIOD"])
 
 
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_model_server_is_guaranteed_qos_on_whole_cores(kustomization: str) -> None:
+    """CPU request = limit in whole cores (and memory request = limit): Guaranteed QoS, which the
+    kubelet's static CPU manager needs to pin the container to exclusive cores."""
+    deployment = only(render(kustomization), "Deployment", "meterserve")
+    resources = container(deployment, "meterserve")["resources"]
+    requests, limits = resources["requests"], resources["limits"]
+    assert requests.get("cpu") and requests["cpu"] == limits.get("cpu"), resources
+    assert str(requests["cpu"]).isdigit() and int(requests["cpu"]) >= 1, requests["cpu"]
+    assert requests.get("memory") and requests["memory"] == limits.get("memory"), resources
+
+
 def test_selectors_ports_and_references_line_up() -> None:
     docs = render("")
     deployment = only(docs, "Deployment", "meterserve")
