@@ -2,7 +2,13 @@
 
 The lifespan starts the engine thread, which loads the model in the background: the HTTP
 server is up at once and /health answers 503 until the model is ready. Shutdown stops the
-engine thread after ending whatever is still in flight.
+engine thread after ending whatever is still in flight. With --metrics-port it also runs the
+second listener that serves the full /metrics (server/routes/metrics.py).
+
+What answers without a key is listed here, once: /health, /metrics (the aggregate series), the
+console's page and files. Every other router gets require_api_key; FastAPI's own /docs,
+/redoc and /openapi.json are off (routes/openapi.py serves the document behind the key).
+tests/unit/test_public_routes.py checks every registered route against this list.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from server.routes import (
     version,
 )
 from server.routes import metrics as metrics_routes
+from server.routes import openapi as openapi_routes
 from server.routes.deps import GroupReleaseMiddleware
 from server.routes.version import package_version
 from server.settings import Settings
@@ -47,13 +54,30 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client: EngineClient = app.state.engine_client
+        listener = None
+        if settings.metrics_port is not None:
+            listener = metrics_routes.MetricsListener(
+                app, settings.metrics_host, settings.metrics_port
+            )
+            await listener.start()
         client.start()
         try:
             yield
         finally:
+            if listener is not None:
+                await listener.stop()
             await client.shutdown()
 
-    app = FastAPI(title="meterserve", version=package_version(), lifespan=lifespan)
+    app = FastAPI(
+        title="meterserve",
+        version=package_version(),
+        lifespan=lifespan,
+        # No Swagger UI or ReDoc (third-party scripts on the console's origin); the OpenAPI
+        # document is served behind the key by routes/openapi.py.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     client = EngineClient(
         settings.engine,
         meter_config=settings.meter,
@@ -80,12 +104,22 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.observe_error = observe_error
     install_error_handlers(app)
     app.add_middleware(GroupReleaseMiddleware, client=client)
-    # Probes and Prometheus reach these without a key.
+    # Probes and Prometheus reach these without a key (/metrics: the aggregate series).
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
     app.include_router(console.router)  # the page is public; its API calls send the key
     protected = [Depends(require_api_key)]
-    for module in (completions, chat, responses, models, tokenize, version, debug, live):
+    for module in (
+        completions,
+        chat,
+        responses,
+        models,
+        tokenize,
+        version,
+        debug,
+        live,
+        openapi_routes,
+    ):
         app.include_router(module.router, dependencies=protected)
     document_request_bodies(
         app,

@@ -2,7 +2,8 @@
 constant time against every key (server/tenants.py), and the optional trusted tenant header.
 
 Applied as a router dependency to everything except /health and /metrics, which probes and
-Prometheus must reach without a key. Every protected request leaves it with
+Prometheus must reach without a key, and the console's page and files (server/app.py lists
+them; tests/unit/test_public_routes.py holds every other route to a 401 without a key). Every protected request leaves it with
 `request.state.tenant` set to the `Tenant` it is billed to.
 """
 

@@ -72,6 +72,8 @@ def serve(argv: Sequence[str]) -> int:
     )
     server = DrainingServer(config, app.state.engine_client, settings.drain_grace_period)
     server.run()
+    if not server.started and server.exit_code == 0:
+        return 3  # the start-up failed (uvicorn logged why; e.g. --metrics-port was taken)
     return server.exit_code
 
 

@@ -7,6 +7,10 @@ bounded labels: model, phase, finished_reason, reason, tenant (configured names,
 or "other"), path (plus the fixed facts block_size, num_blocks and source on info-style
 gauges). docs/metrics.md lists every metric.
 
+Two registries: `registry` holds the aggregate series, `tenant_registry` the per-tenant ones
+(server/tenant_metrics.py: who is billed what), so /metrics can render the aggregates alone
+for a scrape that may not see other tenants' bills (server/routes/metrics.py).
+
 Three feeds, each under one lock so a scrape is a consistent snapshot:
 - observe_step / observe_event (engine thread): work done, latencies at the moment tokens
   are produced (TTFT at the first token);
@@ -91,10 +95,11 @@ class ServerMetrics:
         self.slo = meter.config
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.tenant_registry = CollectorRegistry()
         self._lock = threading.Lock()
         self._energy = energy_meter if energy_meter is not None else EnergyMeter.detect()
         self._define_traffic()
-        self.tenants = TenantMetrics(self.registry, model_name, tenants, FINISHED_REASONS)
+        self.tenants = TenantMetrics(self.tenant_registry, model_name, tenants, FINISHED_REASONS)
         self._define_queue(kv_cache_info, max_num_seqs)
         self._define_latency()
         self._define_cost()
@@ -394,11 +399,14 @@ class ServerMetrics:
         self.kv_cache_usage.set(kv_cache_usage)
         self.live.observe_queue(num_waiting, num_running, kv_cache_usage)
 
-    def render(self) -> tuple[bytes, str]:
+    def render(self, *, include_tenants: bool = True) -> tuple[bytes, str]:
         """The exposition text and its content type (text format 0.0.4, which every Prometheus
-        since 2.0 parses), for GET /metrics."""
+        since 2.0 parses), for GET /metrics; without the per-tenant series when told."""
         with self._lock:
-            return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+            body = generate_latest(self.registry)
+            if include_tenants:
+                body += generate_latest(self.tenant_registry)
+            return body, CONTENT_TYPE_PLAIN_0_0_4
 
 
 def _live_facts(

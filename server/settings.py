@@ -76,8 +76,17 @@ class Settings:
     # step for this many seconds (a wedged native call, a deadlock); None = never.
     engine_stall_timeout: float | None = 60.0
     max_request_body_bytes: int = 4 * 2**20
+    max_choices_per_request: int = 64  # engine requests (prompts x n) one API request may ask
+    # Tenants share prefix-cache blocks (each can learn how others' prompts begin: off by
+    # default, server/cache_salt.py).
+    shared_prefix_cache: bool = False
     log_level: str = "info"
     access_log: bool = False
+    # Per-tenant metric series (who pays what): with keys configured, /metrics shows them only
+    # to a scrape with this key; --metrics-port serves them on a listener of their own.
+    metrics_api_key: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None = no separate listener
     engine: EngineConfig = field(default_factory=EngineConfig)
     meter: MeterConfig = field(default_factory=MeterConfig)
 
@@ -89,6 +98,10 @@ class Settings:
                 "Settings.api_keys holds keys that Settings.tenants does not: build tenants "
                 "with TenantDirectory.load(api_keys, ...)"
             )
+        # A tenant holding the metrics key would read every other tenant's bill.
+        key = self.metrics_api_key
+        if key is not None and self.tenants.resolve(key) is not None:
+            raise SettingsError("--metrics-api-key must not also be a tenant's API key")
 
     @classmethod
     def from_args(cls, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
@@ -114,6 +127,7 @@ class Settings:
         _require(ns.drain_grace_period >= 0, "--drain-grace-period must be >= 0")
         _require(ns.engine_stall_timeout >= 0, "--engine-stall-timeout must be >= 0")
         _require(ns.max_request_body_bytes >= 1024, "--max-request-body-bytes must be >= 1024")
+        _require(ns.max_choices_per_request >= 1, "--max-choices-per-request must be >= 1")
         api_keys = tuple(key for key in ns.api_key or () if key)
         return cls(
             host=ns.host,
@@ -127,11 +141,24 @@ class Settings:
             drain_grace_period=ns.drain_grace_period,
             engine_stall_timeout=ns.engine_stall_timeout if ns.engine_stall_timeout else None,
             max_request_body_bytes=ns.max_request_body_bytes,
+            max_choices_per_request=ns.max_choices_per_request,
+            shared_prefix_cache=ns.shared_prefix_cache,
             log_level=ns.log_level,
             access_log=ns.access_log,
+            **_metrics_access(ns),
             engine=engine,
             meter=meter,
         )
+
+
+def _metrics_access(ns: argparse.Namespace) -> dict[str, Any]:
+    """The metrics flags; __post_init__ checks that no tenant holds the metrics key."""
+    key = ns.metrics_api_key or None
+    port = ns.metrics_port or None
+    if port is not None:
+        _require(1 <= port <= 65535, "--metrics-port must be in 1..65535")
+        _require(port != ns.port, "--metrics-port must differ from --port")
+    return {"metrics_api_key": key, "metrics_host": ns.metrics_host, "metrics_port": port}
 
 
 def _tenants(ns: argparse.Namespace, api_keys: tuple[str, ...]) -> TenantDirectory:
@@ -265,12 +292,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-request-body-bytes", type=parse_bytes, default=4 * 2**20)
     p.add_argument(
+        "--max-choices-per-request",
+        type=int,
+        default=64,
+        help="engine requests (prompts x n) one API request may ask for; more is a 400",
+    )
+    p.add_argument(
+        "--shared-prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="let tenants hit each other's prefix-cache blocks (each then learns how others' "
+        "prompts begin); off: a tenant hits only its own",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
     _add_meter_flags(p)
+    _add_metrics_flags(p)
     # Testing aids: a step containing this token id fails / hangs (30 s) / kills the engine
-    # thread, inside the model runner.
+    # thread, inside the model runner. Command line only (apply_env_defaults skips them), so a
+    # stray METERSERVE_DEBUG_* variable in a deployment cannot hand any client a kill switch.
     p.add_argument("--debug-fault-token-id", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--debug-hang-token-id", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--debug-crash-token-id", type=int, default=None, help=argparse.SUPPRESS)
@@ -296,11 +338,37 @@ def _add_meter_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-itl", type=float, default=None, help="seconds between tokens")
 
 
+def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "metrics access", "who sees the per-tenant series of /metrics (docs/metrics.md)"
+    )
+    g.add_argument(
+        "--metrics-api-key",
+        default=None,
+        metavar="KEY",
+        help="/metrics shows its per-tenant series only to 'Authorization: Bearer KEY'; "
+        "other scrapes get the aggregate series",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve the full /metrics, per-tenant series included, on this port",
+    )
+    g.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port")
+
+
+_COMMAND_LINE_ONLY = "debug_"  # flags no environment variable sets (the testing aids)
+
+
 def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     """Turn METERSERVE_<FLAG> variables into parser defaults (so the command line still wins)."""
     defaults: dict[str, Any] = {}
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
+            continue
+        if action.dest.startswith(_COMMAND_LINE_ONLY):
             continue
         name = ENV_PREFIX + action.dest.upper()
         if name not in environ:

@@ -3,6 +3,10 @@
 Labels stay bounded: `tenant` is one of the values the TenantDirectory labels with (the
 configured names up to a cap, "default", "other"), and the series of every labelled tenant
 exist from start-up so rate() sees a tenant's first request. ServerMetrics holds the lock.
+
+Every series with a `tenant` label lives here, in a registry of its own
+(ServerMetrics.tenant_registry): /metrics renders it only for scrapes allowed to see every
+tenant's bill (server/routes/metrics.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,9 @@ def fuzz_server(priority_server: ServerProcess) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def api_schema(fuzz_server: ServerProcess):
-    return schemathesis.openapi.from_url(fuzz_server.base_url + "/openapi.json")
+    return schemathesis.openapi.from_url(
+        fuzz_server.base_url + "/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"}
+    )
 
 
 def _bounded(body: object, path: str) -> object:
