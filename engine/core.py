@@ -104,8 +104,10 @@ class EngineCore:
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        cache_salt: str = "",
     ) -> None:
-        """Queue a request. Raises ValueError when it can never fit (the caller checks first)."""
+        """Queue a request. Raises ValueError when it can never fit (the caller checks first).
+        Only requests with the same `cache_salt` share prefix-cache blocks."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         total = len(prompt_token_ids) + params.max_tokens
@@ -125,6 +127,7 @@ class EngineCore:
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             eos_token_ids=self.eos_token_ids,
             priority=priority,
+            cache_salt=cache_salt,
         )
         self.scheduler.add_request(request)
 

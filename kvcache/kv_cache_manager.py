@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from kvcache.block import KVCacheBlock
 from kvcache.block_pool import BlockPool
-from kvcache.prefix_hash import hash_block
+from kvcache.prefix_hash import chain_root, hash_block
 
 
 @dataclass(slots=True)
@@ -61,15 +61,16 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
-    def get_computed_blocks(self, token_ids: Sequence[int]) -> ComputedBlocks:
-        """Longest cached prefix of full blocks. Never covers the last token, so at least one
+    def get_computed_blocks(self, token_ids: Sequence[int], cache_salt: str = "") -> ComputedBlocks:
+        """Longest cached prefix of full blocks under `cache_salt` (only blocks cached by a
+        request with the same salt match). Never covers the last token, so at least one
         token is left to compute and sample from. Use the result before any other allocation."""
         if not self.enable_prefix_caching:
             return ComputedBlocks()
         size = self.block_size
         max_blocks = (len(token_ids) - 1) // size
         blocks: list[KVCacheBlock] = []
-        parent: int | None = None
+        parent = chain_root(cache_salt)
         for i in range(max_blocks):
             parent = hash_block(parent, token_ids[i * size : (i + 1) * size])
             block = self.pool.get_cached_block(parent)
@@ -128,10 +129,15 @@ class KVCacheManager:
         return table
 
     def cache_full_blocks(
-        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        num_computed_tokens: int,
+        cache_salt: str = "",
     ) -> None:
-        """Register blocks that became full and computed. Incremental: hashes chain from the
-        request's last registered block, so each block is hashed once."""
+        """Register blocks that became full and computed, under the request's `cache_salt`
+        (the same salt its lookup used). Incremental: hashes chain from the request's last
+        registered block, so each block is hashed once."""
         if not self.enable_prefix_caching:
             return
         table = self._tables[request_id]
@@ -139,7 +145,7 @@ class KVCacheManager:
         size = self.block_size
         num_full = min(num_computed_tokens // size, len(table))
         for i in range(len(hashes), num_full):
-            parent = hashes[i - 1] if i > 0 else None
+            parent = hashes[i - 1] if i > 0 else chain_root(cache_salt)
             block_hash = hash_block(parent, token_ids[i * size : (i + 1) * size])
             hashes.append(block_hash)
             self.pool.cache_full_block(table[i], block_hash)

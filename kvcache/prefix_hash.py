@@ -10,6 +10,12 @@ collide on purpose. A prefix-cache hit shares KV between users, so a crafted col
 one user's prompt read another user's cached keys/values. sha256 is stable everywhere, and
 finding a second prompt that matches a given block's 64-bit truncation still costs ~2^64 work.
 Cost: about a microsecond per block, paid once per block (hashes are kept per request).
+
+Salting: a hit tells the client (through `cached_tokens` and through time to first token) that
+someone sent the same prefix, so a shared cache lets one tenant probe another's prompts block
+by block. A request's `cache_salt` (the server puts the tenant in it, plus vLLM's per-request
+`cache_salt`) is folded into the root of its chain: requests with different salts never share
+a block; the empty salt is the unsalted chain of a single-tenant server.
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ from collections.abc import Sequence
 
 # Stands in for the parent of a request's first block; any fixed bytes work.
 _ROOT = b"meterserve-prefix-root\x00\x00"
+
+
+def chain_root(cache_salt: str) -> int | None:
+    """The parent hash of a request's first block: None (the fixed root) for the empty salt,
+    else a 64-bit hash of the salt that no unsalted chain starts from."""
+    if not cache_salt:
+        return None
+    digest = hashlib.sha256(b"meterserve-prefix-salt\x00" + cache_salt.encode("utf-8"))
+    return int.from_bytes(digest.digest()[:8], "little")
 
 
 def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:

@@ -74,6 +74,9 @@ class Request:
     arrival_time: float
     eos_token_ids: frozenset[int] = frozenset()
     priority: int = 0  # lower value runs first under the "priority" policy
+    # Prefix-cache key: only requests with the same salt share cached blocks (the server
+    # salts by tenant, so a tenant never hits, or learns of, another tenant's prompts).
+    cache_salt: str = ""
     status: RequestStatus = RequestStatus.WAITING
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from scheduler.logit_bias import NO_LOGIT_BIAS, LogitBias
 
 
 class SamplingParamsError(ValueError):
@@ -53,7 +55,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None  # None = no logprobs; k = chosen token plus top-k alternatives
-    logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token_id, bias) pairs
+    # Validated once per API request (LogitBias.of) and shared by its choices.
+    logit_bias: LogitBias = NO_LOGIT_BIAS
     # None = no prompt logprobs; k = each prompt token's logprob (the first token's is not
     # defined) plus the top-k alternatives at its position, computed from the raw logits during
     # prefill. A request that asks computes its whole prompt: it takes no prefix-cache hit.
@@ -115,11 +118,6 @@ class SamplingParams:
                 )
         for token_id in self.stop_token_ids:
             _check(token_id >= 0, "stop_token_ids", f"stop token id {token_id} is negative")
-        for token_id, bias in self.logit_bias:
-            _check(token_id >= 0, "logit_bias", f"logit_bias token id {token_id} is negative")
-            _check(
-                -100.0 <= bias <= 100.0, "logit_bias", f"logit_bias value {bias} not in [-100, 100]"
-            )
 
     @property
     def greedy(self) -> bool:

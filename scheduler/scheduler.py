@@ -19,7 +19,8 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
    (budget, seq cap, blocks), nothing behind it is, so a long prompt is never starved.
    A prefix-cache hit counts as computed; only the rest is charged to the budget. A request
    that asks for prompt logprobs takes no hit (nor counts a lookup): cached positions would
-   have no logits (vLLM does the same); its blocks are still cached for others.
+   have no logits (vLLM does the same); its blocks are still cached for others. Hits are
+   keyed by the request's cache_salt: only requests with the same salt share blocks.
 7. Chunked prefill (`enable_chunked_prefill`): the rest of a prompt is cut to the budget left;
    with it off, a request is admitted only when its whole rest fits in the step.
 8. Requests that can never run fail (FINISHED_ERROR) instead of livelocking: one whose tokens
@@ -241,7 +242,7 @@ class Scheduler:
     def _computed_blocks(self, request: Request) -> ComputedBlocks:
         if request.sampling_params.prompt_logprobs is not None:
             return ComputedBlocks()  # rule 6: every prompt position needs its logits
-        return self.kv_cache.get_computed_blocks(request.token_ids)
+        return self.kv_cache.get_computed_blocks(request.token_ids, request.cache_salt)
 
     def _admit(self, request: Request, computed: ComputedBlocks) -> None:
         request.status = RequestStatus.RUNNING
@@ -322,7 +323,10 @@ class Scheduler:
                 continue  # aborted (maybe re-added under the same id) since schedule()
             request.num_computed_tokens += len(chunk.token_ids)
             self.kv_cache.cache_full_blocks(
-                request.request_id, request.token_ids, request.num_computed_tokens
+                request.request_id,
+                request.token_ids,
+                request.num_computed_tokens,
+                request.cache_salt,
             )
             progress = chunk.sampling_params.report_progress and output.step_index is not None
             prompt_logprobs = self._take_prompt_logprobs(chunk, runner_output)

@@ -149,7 +149,9 @@ def build_metrics(settings: Settings, core: Any) -> Any:
 
 
 def _rejection_reason(error: OpenAIError) -> str | None:
-    # 429, 503 and timeouts are counted where they are raised (the engine client).
+    # Other 429s, 503s and timeouts are counted where they are raised (the engine client).
+    if error.code == "grammar_compile_queue_full":
+        return "grammar_queue_full"
     if error.status == 400 and error.code == "context_length_exceeded":
         return "context_length"
     if error.status in (400, 404, 413, 422):

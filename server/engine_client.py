@@ -106,6 +106,7 @@ class EngineClient:
         self.max_request_tokens = 0  # prompt + max_tokens that one request may use
         self.vocab_size = 0
         self.kv_cache_info: Any = None
+        self.structured: Any = None  # the engine's StructuredOutputs: grammars compile ahead
 
     # ---------------------------------------------------------------------------- lifecycle
 
@@ -380,6 +381,7 @@ class EngineClient:
         self.max_request_tokens = min(core.max_model_len, core.kv_cache_info.max_tokens)
         # Token ids index the model's embedding; the tokenizer may know fewer or more ids.
         self.vocab_size = _model_vocab_size(core) or len(core.tokenizer)
+        self.structured = getattr(getattr(core, "runner", None), "structured", None)  # fakes: None
         self.metrics = metrics
         self._ready.set()
         if self.on_ready is not None:

@@ -207,6 +207,7 @@ class Generation:
             decode_flops=bill.decode_flops,
             prefill_cost_usd=bill.prefill_cost_usd,
             decode_cost_usd=bill.decode_cost_usd,
+            grammar_compile_seconds=bill.grammar_compile_seconds,
             **_latencies(self.group.final_events),
         )
 

@@ -13,19 +13,39 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
 
+from scheduler.logit_bias import LogitBias
 from server.openai_fields import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
     MESSAGE_REFUSED,
     check_extra_fields,
 )
+from server.request_limits import (
+    MAX_CACHE_SALT_CHARS,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOOLS,
+    parse_logit_bias,
+)
 from server.tool_calls.tools import check_function_tool
 
-MAX_N = 16  # choices per request; each choice is one engine request
-MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
+
+# OpenAI's {"token id": bias} object, parsed once while the body is validated (server/body.py
+# does that off the event loop for a large body) into the LogitBias every choice shares.
+LogitBiasField = Annotated[
+    LogitBias | None,
+    PlainValidator(parse_logit_bias),
+    WithJsonSchema({"type": "object", "additionalProperties": {"type": "number"}}),
+]
+StopString = Annotated[str, Field(max_length=MAX_STOP_STRING_CHARS)]
+# vLLM's per-request prefix-cache key: only requests with the same salt (and tenant) share
+# cached blocks.
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)]
 
 
 class _Request(BaseModel):
@@ -85,8 +105,8 @@ class SamplingFields(_Request):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None  # int64, as OpenAI
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
@@ -98,7 +118,8 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = 0  # vLLM's extension: lower runs first (--scheduling-policy priority)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBiasField = None
+    cache_salt: CacheSalt | None = None
     # Structured outputs (server/sampling.py structured_output_of): OpenAI's response_format,
     # or vLLM's structured_outputs extension; at most one of them.
     response_format: ResponseFormat | None = None
@@ -143,7 +164,6 @@ class TextPart(_Request):
 
 # OpenAI's rule for function names; it also keeps them plain in prompts and grammars.
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
-MAX_TOOLS = 128  # OpenAI's limit
 
 
 class FunctionDefinition(_Request):

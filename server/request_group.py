@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from engine.meter.billing import Bill, ChoiceReading, Prices, bill_request
@@ -26,6 +27,15 @@ CLIENT_LEFT = "abort"
 TIMED_OUT = "timeout"
 FAILED = "error"
 
+# Grammar compile seconds of the HTTP request being handled (its own task's context): the
+# route compiles (server/sampling.py) before it submits, and the group it submits takes them.
+_grammar_compile_seconds: ContextVar[float] = ContextVar("grammar_compile_seconds", default=0.0)
+
+
+def charge_grammar_compile(seconds: float) -> None:
+    """Bill `seconds` of grammar compiling to the next group this request submits."""
+    _grammar_compile_seconds.set(_grammar_compile_seconds.get() + seconds)
+
 
 @dataclass(frozen=True, slots=True)
 class EngineRequestSpec:
@@ -37,6 +47,7 @@ class EngineRequestSpec:
     params: SamplingParams
     prompt_index: int = 0
     priority: int = 0  # lower runs first under --scheduling-policy priority
+    cache_salt: str = ""  # prefix-cache key (server/cache_salt.py): tenant + the client's salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +97,8 @@ class RequestGroup:
         self.finish_reasons: list[str | None] = [None] * len(specs)
         self.final_events: list[TokenEvent | None] = [None] * len(specs)
         self.end_reason = CLIENT_LEFT  # for choices still unfinished at release
+        self.grammar_compile_seconds = _grammar_compile_seconds.get()  # charged once, here
+        _grammar_compile_seconds.set(0.0)
         self.released = False
         self.settled = False
 
@@ -133,7 +146,11 @@ class RequestGroup:
             )
         ]
         return bill_request(
-            list(prompt_lengths.values()), readings, self.account.prices, hardware_price_per_second
+            list(prompt_lengths.values()),
+            readings,
+            self.account.prices,
+            hardware_price_per_second,
+            self.grammar_compile_seconds,
         )
 
     def settlement(self, hardware_price_per_second: float) -> Settlement:

@@ -28,8 +28,10 @@ from server.openai_fields import (
 from server.protocol import (
     FUNCTION_NAME_PATTERN,
     MAX_TOOLS,
+    CacheSalt,
     ChatMessage,
     JsonSchemaFormat,
+    LogitBiasField,
     MessageToolCall,
     ResponseFormat,
     SamplingFields,
@@ -181,7 +183,8 @@ class ResponsesRequest(_Request):
     parallel_tool_calls: bool | None = None
     # vLLM's extensions on its Responses API, as on chat (docs/api.md).
     top_k: int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBiasField = None
+    cache_salt: CacheSalt | None = None
     priority: int = 0
     skip_special_tokens: bool = True
 
@@ -260,6 +263,7 @@ class ResponsesRequest(_Request):
             top_p=self.top_p,
             top_k=self.top_k,
             logit_bias=self.logit_bias,
+            cache_salt=self.cache_salt,
             priority=self.priority,
             skip_special_tokens=self.skip_special_tokens,
             stream=self.stream,

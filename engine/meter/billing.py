@@ -6,8 +6,10 @@ the client (up to and including the token that completed a stop string). Tokens 
 computed beyond that (after a stop string matched, after the client left or timed out) are
 `undelivered`: not billed, but their compute stays in the request's seconds and cost.
 
-cost_usd    = (prefill_seconds + decode_seconds) * hardware price per second   (usage basis)
+cost_usd    = (prefill_seconds + decode_seconds + grammar_compile_seconds) * hardware price
+              per second (usage basis)
             = prefill_cost_usd + decode_cost_usd (each phase's seconds * that price)
+              + grammar_compile_seconds * that price (compiled for it before it ran)
 revenue_usd = prompt_tokens * input price / 1e6 + completion_tokens * output price / 1e6
 """
 
@@ -55,6 +57,9 @@ class Bill:
     decode_flops: float = 0.0
     prefill_cost_usd: float = 0.0
     decode_cost_usd: float = 0.0
+    # Compiling the request's grammar before it was submitted (0 on a cache hit): worker
+    # time outside any step, so in cost_usd but not in the engine's busy seconds.
+    grammar_compile_seconds: float = 0.0
 
     @property
     def busy_seconds(self) -> float:
@@ -66,6 +71,7 @@ def bill_request(
     choices: list[ChoiceReading],
     prices: Prices,
     hardware_price_per_second: float,
+    grammar_compile_seconds: float = 0.0,
 ) -> Bill:
     """Sum the choices' readings into one bill (each prompt counted once; its cached tokens
     are the fewest any of its choices found, as the usage object reports them)."""
@@ -91,7 +97,7 @@ def bill_request(
         prefill_seconds=prefill,
         decode_seconds=decode,
         flops=prefill_flops + decode_flops,
-        cost_usd=(prefill + decode) * hardware_price_per_second,
+        cost_usd=(prefill + decode + grammar_compile_seconds) * hardware_price_per_second,
         revenue_usd=(
             prompt_tokens * prices.input_per_million + completion * prices.output_per_million
         )
@@ -100,4 +106,5 @@ def bill_request(
         decode_flops=decode_flops,
         prefill_cost_usd=prefill * hardware_price_per_second,
         decode_cost_usd=decode * hardware_price_per_second,
+        grammar_compile_seconds=grammar_compile_seconds,
     )

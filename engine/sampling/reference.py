@@ -41,7 +41,7 @@ def reference_logits(row: torch.Tensor, chunk: ScheduledChunk) -> torch.Tensor:
     params = chunk.sampling_params
     logits = row.to(torch.float32, copy=True)
     vocab = logits.shape[0]
-    for token_id, bias in params.logit_bias:
+    for token_id, bias in params.logit_bias.pairs():
         if token_id < vocab:
             logits[token_id] += bias
     if len(chunk.output_token_ids) < params.min_tokens:

@@ -34,9 +34,11 @@ from server.protocol import (
     TopLogprob,
 )
 from server.request_group import EngineRequestSpec
+from server.request_limits import check_num_choices
 from server.routes.completions import off_loop
 from server.routes.deps import (
     billing_account,
+    engine_cache_salt,
     get_settings,
     new_id,
     ready_client,
@@ -50,6 +52,7 @@ from server.sampling import (
     check_model,
     check_priority,
     check_stop_strings,
+    choice_params,
     resolve_max_tokens,
     structured_output_of,
     text_options,
@@ -81,13 +84,14 @@ async def create_chat_completion(request: Request) -> Response:
     )
     client = ready_client(request)
     model = check_model(body.model, served_model_names(request))
+    check_num_choices(1, body.n, get_settings(request).max_choices_per_request, "messages")
     stop = check_stop_strings(body.stop_strings)
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
-    structured_output = structured_output_of(body)  # 400 when it does not compile
+    structured_output = await structured_output_of(body, client)  # 400: does not compile
     tools = tool_policy_of(body)
     # required / named tool_choice: a grammar, so calls always parse
-    structured_output = output_constraint(
-        structured_output, tools, "response_format / structured_outputs"
+    structured_output = await output_constraint(
+        structured_output, tools, "response_format / structured_outputs", client
     )
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -106,22 +110,18 @@ async def create_chat_completion(request: Request) -> Response:
     )
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     request_id = new_id("chatcmpl")
+    params = build_sampling_params(
+        body,
+        max_tokens=max_tokens,
+        logprobs=num_logprobs,
+        vocab_size=client.vocab_size,
+        tokenizer=client.tokenizer,
+        structured_output=structured_output,
+    )
+    salt = engine_cache_salt(request, body.cache_salt)
     specs = [
-        EngineRequestSpec(
-            f"{request_id}-{j}",
-            prompt,
-            build_sampling_params(
-                body,
-                max_tokens=max_tokens,
-                logprobs=num_logprobs,
-                vocab_size=client.vocab_size,
-                choice_index=j,
-                tokenizer=client.tokenizer,
-                structured_output=structured_output,
-            ),
-            priority=priority,
-        )
-        for j in range(body.n)
+        EngineRequestSpec(f"{request_id}-{j}", prompt, choice, priority=priority, cache_salt=salt)
+        for j, choice in enumerate(choice_params(params, body.n))
     ]
     group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, [prompt], body.n, text_options(body, stop))

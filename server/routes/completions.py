@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request, Response
 
 from scheduler.output import TokenLogprobs
+from scheduler.sampling_params import SamplingParams
 from server.body import parse_request
 from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
@@ -23,8 +24,10 @@ from server.protocol import (
     StreamProgress,
 )
 from server.request_group import EngineRequestSpec
+from server.request_limits import MAX_PROMPTS, check_num_choices
 from server.routes.deps import (
     billing_account,
+    engine_cache_salt,
     get_settings,
     new_id,
     ready_client,
@@ -40,15 +43,16 @@ from server.sampling import (
     check_priority,
     check_stop_strings,
     check_token_ids,
+    choice_params,
     resolve_max_tokens,
     structured_output_of,
     text_options,
+    with_max_tokens,
 )
 from server.streaming import sse_event
 
 router = APIRouter()
 
-MAX_PROMPTS = 64  # prompts in one batched completions request
 # Up to this many characters the tokenizer runs inline: it blocks the event loop for well under
 # a millisecond (~0.5 ms for 1,000 characters with SmolLM2's tokenizer on 2 busy cores), and a
 # hop to a worker thread (~130 us) would cost a short prompt more than tokenizing it.
@@ -70,11 +74,15 @@ async def create_completion(request: Request) -> Response:
             "streams the prompt's logprobs",
             param="prompt_logprobs",
         )
+    settings = get_settings(request)
+    check_num_choices(_num_prompts(body.prompt), body.n, settings.max_choices_per_request, "prompt")
     stop = check_stop_strings(body.stop_strings)
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
-    structured_output = structured_output_of(body)  # 400 when it does not compile
+    structured_output = await structured_output_of(body, client)  # 400: does not compile
     prompts = await tokenize_prompts(body.prompt, client)
     request_id = new_id("cmpl")
+    salt = engine_cache_salt(request, body.cache_salt)
+    params: SamplingParams | None = None  # built once; other prompts differ in max_tokens
     specs: list[EngineRequestSpec] = []
     for p_index, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(
@@ -84,20 +92,19 @@ async def create_completion(request: Request) -> Response:
             COMPLETIONS_DEFAULT_MAX_TOKENS,
             "prompt",
         )
-        for j in range(body.n):
+        if params is None:
             params = build_sampling_params(
                 body,
                 max_tokens=max_tokens,
                 logprobs=body.logprobs,
                 vocab_size=client.vocab_size,
-                choice_index=j,
                 tokenizer=client.tokenizer,
                 prompt_logprobs=_num_prompt_logprobs(body),
                 structured_output=structured_output,
             )
-            specs.append(
-                EngineRequestSpec(f"{request_id}-{len(specs)}", prompt, params, p_index, priority)
-            )
+        for choice in choice_params(with_max_tokens(params, max_tokens), body.n):
+            choice_id = f"{request_id}-{len(specs)}"
+            specs.append(EngineRequestSpec(choice_id, prompt, choice, p_index, priority, salt))
     group = client.submit(specs, billing_account(request))
     generation = Generation(client, group, prompts, body.n, text_options(body, stop))
     echo_texts = (
@@ -117,6 +124,13 @@ async def create_completion(request: Request) -> Response:
     return await respond(
         request, client, group, generation, stream, body.stream, body.include_usage
     )
+
+
+def _num_prompts(prompt: str | list) -> int:
+    """How many prompts `prompt` holds (a string or a list of token ids is one)."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 def _num_prompt_logprobs(body: CompletionRequest) -> int | None:

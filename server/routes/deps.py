@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.meter.billing import Prices
+from server.cache_salt import cache_salt
 from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import OpenAIError
@@ -22,6 +23,7 @@ from server.protocol import dump
 from server.request_group import BillingAccount, RequestGroup
 from server.settings import Settings
 from server.streaming import SSEResponse
+from server.tenants import DEFAULT_TENANT_NAME
 
 
 def get_settings(request: Request) -> Settings:
@@ -73,6 +75,14 @@ def billing_account(request: Request) -> BillingAccount:
         label,
         Prices(plan.price_per_million_input_tokens, plan.price_per_million_output_tokens),
     )
+
+
+def engine_cache_salt(request: Request, client_salt: str | None) -> str:
+    """The prefix-cache salt of this request's engine requests: its tenant's (unless the
+    operator shares the cache across tenants) and the client's `cache_salt`."""
+    tenant = getattr(request.state, "tenant", None)
+    name = tenant.name if tenant is not None else DEFAULT_TENANT_NAME
+    return cache_salt(name, client_salt, get_settings(request).shared_prefix_cache)
 
 
 def new_id(prefix: str) -> str:

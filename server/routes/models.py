@@ -19,7 +19,9 @@ async def list_models(request: Request) -> dict:
             id=name,
             created=created,
             root=client.model_name or None,
-            max_model_len=client.max_model_len or None,
+            # What one request can really use: the context, or less when the KV budget holds
+            # fewer tokens (a request needs its whole prompt + max_tokens in the cache).
+            max_model_len=client.max_request_tokens or None,
         )
         for name in served_model_names(request)
     ]

@@ -43,6 +43,7 @@ from server.responses_protocol import (
 from server.routes.chat import apply_chat_template
 from server.routes.deps import (
     billing_account,
+    engine_cache_salt,
     get_settings,
     ready_client,
     respond,
@@ -94,8 +95,11 @@ async def create_response(request: Request) -> Response:
         tools = resolve_tool_policy(
             body.function_tools(), body.tool_choice_value(), body.parallel_tool_calls
         )
-        structured_output = output_constraint(
-            structured_output_of(fields), tools, "text.format json_object / json_schema"
+        structured_output = await output_constraint(
+            await structured_output_of(fields, client),
+            tools,
+            "text.format json_object / json_schema",
+            client,
         )
         prompt = await apply_chat_template(client, body.messages(), True, tools.tools)
         max_tokens = resolve_max_tokens(
@@ -106,11 +110,11 @@ async def create_response(request: Request) -> Response:
             max_tokens=max_tokens,
             logprobs=None,
             vocab_size=client.vocab_size,
-            choice_index=0,
             tokenizer=client.tokenizer,
             structured_output=structured_output,
         )
-    spec = EngineRequestSpec(f"{response_id}-0", prompt, params, priority=priority)
+    salt = engine_cache_salt(request, fields.cache_salt)
+    spec = EngineRequestSpec(f"{response_id}-0", prompt, params, priority=priority, cache_salt=salt)
     group = client.submit([spec], billing_account(request))
     generation = Generation(client, group, [prompt], 1, text_options(fields, []))
     builder = _ResponseBuilder(response_id, model, body, params, tools, generation)

@@ -11,22 +11,25 @@ then EOS. It is built as an xgrammar structural tag (a tag per tool: a constant 
 the function, the parameters schema as content, a constant end; `tags_with_separator` for
 required), and handed to the engine as the EBNF text of that grammar: the engine's
 structured-output path (engine/structured_output.py) takes EBNF as the `grammar` kind, so
-tool calls need no new constraint kind there, and are compiled and cached like any grammar.
+tool calls need no new constraint kind there, and are compiled ahead on the engine's compile
+worker and cached like any grammar (output_constraint; building the EBNF runs off the event
+loop too: ~0.1 s for a 400-property schema).
 JSON inside allows at most one whitespace character in a row: a small model left free
 whitespace can spend its whole budget on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
 
 import xgrammar as xgr
 
-from engine.structured_output import grammar_of
 from scheduler.sampling_params import StructuredOutput
 from server.errors import bad_request
+from server.grammar_compile import check_spec_size, compile_ahead
 from server.tool_calls.hermes import TOOL_CALL_END, TOOL_CALL_START
 from server.tool_calls.tools import FunctionTool, ToolPolicy
 
@@ -35,11 +38,14 @@ MAX_WHITESPACE = 1  # consecutive whitespace characters allowed inside the argum
 
 
 def tool_call_constraint(policy: ToolPolicy, tools_param: str = "tools") -> StructuredOutput | None:
-    """The constraint for the policy's tool_choice (None for auto and none); a parameters
-    schema xgrammar cannot compile is a 400 naming `tools_param`."""
+    """The constraint for the policy's tool_choice (None for auto and none), not compiled yet;
+    parameters schemas xgrammar cannot convert, or longer than MAX_GRAMMAR_SPEC_CHARS
+    (server/grammar_compile.py) together, are a 400 naming `tools_param`."""
     tools = policy.forced_tools
     if not tools:
         return None
+    num_chars = sum(len(json.dumps(tool.parameters_schema)) for tool in tools)
+    check_spec_size(num_chars, tools_param, f"{tools_param}: the parameters schemas to enforce")
     if policy.mode == "named":
         fmt = _call_tag(tools[0])
     else:
@@ -52,34 +58,38 @@ def tool_call_constraint(policy: ToolPolicy, tools_param: str = "tools") -> Stru
         }
     try:
         grammar = xgr.Grammar.from_structural_tag({"type": "structural_tag", "format": fmt})
-        constraint = StructuredOutput("grammar", str(grammar))
-        grammar_of(constraint)  # the EBNF text reads back (the engine compiles exactly this)
     except Exception as exc:  # noqa: BLE001 - whatever a schema breaks in xgrammar is the user's
-        names = ", ".join(tool.name for tool in tools)
         raise bad_request(
-            f"{tools_param}: the parameters schema of {names} cannot be enforced: "
-            f"{_first_line(exc)}",
-            param=tools_param,
+            f"{_cannot_enforce(tools_param, tools)}: {_first_line(exc)}", param=tools_param
         ) from None
-    return constraint
+    return StructuredOutput("grammar", str(grammar))
 
 
-def output_constraint(
-    structured_output: StructuredOutput | None, policy: ToolPolicy, format_name: str
+async def output_constraint(
+    structured_output: StructuredOutput | None, policy: ToolPolicy, format_name: str, client: Any
 ) -> StructuredOutput | None:
     """The request's one output constraint: its structured output (named `format_name` in
     the error), or the grammar a required or named tool_choice needs so its calls always
-    parse; a request with both is a 400 naming tool_choice."""
-    tool_constraint = tool_call_constraint(policy)
-    if tool_constraint is None:
+    parse, compiled ahead like a structured output (`client.structured`); a request with
+    both is a 400 naming tool_choice."""
+    if not policy.forced_tools:
         return structured_output
+    tool_constraint = await asyncio.to_thread(tool_call_constraint, policy)
+    assert tool_constraint is not None  # forced tools always give one
     if structured_output is not None:
         raise bad_request(
             f"give {format_name} or a tool_choice that forces a call (required, a named "
             "function), not both",
             param="tool_choice",
         )
+    problem = _cannot_enforce("tools", policy.forced_tools)
+    await compile_ahead(tool_constraint, client.structured, "tools", problem)
     return tool_constraint
+
+
+def _cannot_enforce(tools_param: str, tools: tuple[FunctionTool, ...]) -> str:
+    names = ", ".join(tool.name for tool in tools)
+    return f"{tools_param}: the parameters schema of {names} cannot be enforced"
 
 
 def _call_tag(tool: FunctionTool) -> dict[str, Any]:

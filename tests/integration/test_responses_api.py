@@ -10,6 +10,7 @@ so the requests compared are computed identically."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import jsonschema
@@ -46,9 +47,23 @@ async def _stream(client: AsyncOpenAI, **kwargs) -> list:
 def _check_usage(usage) -> None:
     assert usage.input_tokens > 0 and usage.output_tokens > 0
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
-    assert usage.input_tokens_details.cached_tokens >= 0
+    cached = usage.input_tokens_details.cached_tokens
+    # Whole 16-token blocks, never the last input token (test_cached_tokens_are_exact).
+    assert cached % 16 == 0 and cached < usage.input_tokens
     assert usage.output_tokens_details.reasoning_tokens == 0
     assert usage.model_extra["cost_usd"] > 0  # meterserve's meter, as on chat
+
+
+async def test_cached_tokens_are_exact(openai_client: AsyncOpenAI):
+    """A fresh conversation caches nothing; its repeat hits every whole block of it."""
+    unique = f"Session {uuid.uuid4().hex}: answer in one short sentence."
+    kwargs = {"model": MODEL, "instructions": unique, "input": "Say hi.", "temperature": 0}
+    first = await openai_client.responses.create(max_output_tokens=4, **kwargs)
+    again = await openai_client.responses.create(max_output_tokens=4, **kwargs)
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    num_input = again.usage.input_tokens
+    assert num_input == first.usage.input_tokens
+    assert again.usage.input_tokens_details.cached_tokens == (num_input - 1) // 16 * 16
 
 
 async def test_string_input(openai_client: AsyncOpenAI):

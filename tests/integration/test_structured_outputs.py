@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 
 import jsonschema
 import pytest
 from openai import AsyncOpenAI, BadRequestError
+from server_process import ServerProcess
 
 MAX_TOKENS = 96
 
@@ -239,3 +241,89 @@ async def test_a_constraint_that_cannot_run_is_a_400(
     error = raised.value.body
     assert raised.value.status_code == 400 and error["param"] == param
     assert problem in error["message"]
+
+
+def _heavy_schema(num_properties: int = 400) -> dict:
+    """Like the schema that once stalled every other tenant's decode: each property has a
+    pattern of its own (so no sub-rule is shared), compiled on this machine in ~3 s."""
+    tag = uuid.uuid4().hex[:6]  # a cold grammar cache, whatever ran before
+    properties = {
+        f"f{i}_{tag}": {"type": "string", "pattern": f"^[a-z]{{2,8}}-{i}[0-9]{{0,3}}$"}
+        for i in range(num_properties)
+    }
+    return {"type": "object", "properties": properties}
+
+
+def _compiled_in_step(server: ServerProcess, request_id: str) -> bool:
+    """Whether the engine logged compiling this request's grammar inside a step."""
+    log = server.log_path.read_text(errors="replace")
+    return f"request {request_id}-0: grammar compiled inside the step" in log
+
+
+async def test_a_heavy_schema_compiles_off_the_engine_while_another_request_streams(
+    openai_client: AsyncOpenAI, main_server: ServerProcess
+):
+    """Structural, not timed: the heavy grammar compiles before its request is submitted
+    (its compile seconds are on its bill, beyond its engine seconds), so the engine finds it
+    cached and compiles nothing inside a step; the streaming neighbour is billed engine time
+    only and runs to its end."""
+    stream = await openai_client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="Once upon a time",
+        max_tokens=64,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = aiter(stream)
+    first = await anext(chunks)  # streaming before the heavy request arrives
+    schema = _heavy_schema()
+    heavy = asyncio.create_task(
+        openai_client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=_messages("a record"),
+            response_format={"type": "json_schema", "json_schema": {"name": "h", "schema": schema}},
+            max_tokens=48,
+            temperature=0.0,
+        )
+    )
+    rest = [chunk async for chunk in chunks]
+    text = "".join(c.choices[0].text for c in [first, *rest] if c.choices)
+    usage = rest[-1].usage.model_extra
+    assert rest[-1].usage.completion_tokens == 64 and text
+    assert usage["cost_usd"] == pytest.approx(
+        usage["prefill_cost_usd"] + usage["decode_cost_usd"], rel=1e-9
+    )
+    assert usage["grammar_compile_seconds"] == 0.0
+    try:
+        response = await heavy
+    except BadRequestError as exc:  # a machine too slow to compile it within the timeout
+        assert exc.status_code == 400 and exc.body["param"] == "response_format"
+        return
+    choice, extra = response.choices[0], response.usage.model_extra
+    engine_cost = extra["prefill_cost_usd"] + extra["decode_cost_usd"]
+    assert extra["grammar_compile_seconds"] > 0  # a cold grammar: compiled for this request
+    price = extra["prefill_cost_usd"] / extra["prefill_seconds"]
+    assert extra["cost_usd"] == pytest.approx(
+        engine_cost + extra["grammar_compile_seconds"] * price, rel=1e-6
+    )
+    assert not _compiled_in_step(main_server, response.id)
+    if choice.finish_reason == "stop":
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    else:  # max_tokens ran out inside the object: still a prefix of one
+        assert choice.finish_reason == "length" and choice.message.content.startswith("{")
+
+
+async def test_an_over_size_schema_is_a_400_naming_response_format(
+    openai_client: AsyncOpenAI,
+):
+    huge = {"type": "object", "description": "x" * 70_000}
+    with pytest.raises(BadRequestError) as raised:
+        await openai_client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=_messages("x"),
+            max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "h", "schema": huge}},
+        )
+    assert raised.value.body["param"] == "response_format"
+    assert "at most 65536" in raised.value.body["message"]

@@ -1,7 +1,9 @@
 """The real server scraped by a real Prometheus: every shipped PromQL expression evaluated.
 
 Starts `meterserve serve` on the default model with three tenants (an API-keys file) and
-`prometheus` (scrape and rule evaluation every 1 s, the repository's rule files), drives the
+`prometheus` (scrape and rule evaluation every 1 s, the repository's rule files; the scrape
+sends --metrics-api-key from a credentials file, as deploy/prometheus/prometheus.yml
+describes, since with keys /metrics shows the tenant series only to that key), drives the
 traffic real clients send (chat and completions, streamed with include_usage or not, stop
 strings that hit, n=2, sampled with seeds, clients that disconnect mid-stream), then checks
 that the meter is exact (token counters == the usage returned to clients, requests by
@@ -34,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "meterserve-e2e"
+METRICS_KEY = "sk-e2e-metrics"
 # Window the tests substitute for $__rate_interval (meter_queries.GRAFANA_VARIABLES).
 LOAD_TIMEOUT_S = 120.0  # model load; about 20 s on a busy 2-core machine
 pytestmark = pytest.mark.timeout(300)
@@ -74,9 +77,11 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
     server = subprocess.Popen(
         [str(ROOT / ".venv" / "bin" / "meterserve"), "serve", "--host", "127.0.0.1",
          "--port", str(server_port), "--served-model-name", MODEL, "--max-num-seqs", "16",
-         "--kv-cache-bytes", "64MiB", "--api-keys-file", str(keys_file)],
+         "--kv-cache-bytes", "64MiB", "--api-keys-file", str(keys_file),
+         "--metrics-api-key", METRICS_KEY],
         cwd=ROOT, env=env, stdout=server_log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
+    (tmp / "metrics-api-key").write_text(METRICS_KEY + "\n")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(path) for path in RULE_FILES],
@@ -84,6 +89,7 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
             {
                 "job_name": "meterserve",
                 "static_configs": [{"targets": [f"127.0.0.1:{server_port}"]}],
+                "authorization": {"credentials_file": str(tmp / "metrics-api-key")},
             }
         ],
     }
@@ -142,7 +148,8 @@ def _query(stack: Stack, expr: str) -> list[dict]:
 
 
 def _scrape(stack: Stack) -> tuple[str, dict[tuple[str, frozenset], float]]:
-    text = httpx.get(f"{stack.server_url}/metrics", timeout=10).text
+    headers = {"Authorization": f"Bearer {METRICS_KEY}"}
+    text = httpx.get(f"{stack.server_url}/metrics", headers=headers, timeout=10).text
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -185,6 +192,10 @@ class ClientTally:
 
     usages: dict[int, dict] = field(default_factory=dict)  # by request index
     finish_reasons: list[str] = field(default_factory=list)
+    # The disconnected (gamma) clients get no usage: their prompts' token counts come from
+    # /tokenize, and the text chunks each read before leaving bound what was delivered.
+    gamma_prompt_tokens: int = 0
+    gamma_chunks_read: int = 0
 
     def sum(self, key: str) -> float:
         return sum(usage[key] for usage in self.usages.values())
@@ -243,22 +254,28 @@ async def _one_request(client: httpx.AsyncClient, index: int, tally: ClientTally
     tally.finish_reasons.extend(reasons.values())
 
 
-async def _disconnect(client: httpx.AsyncClient, index: int) -> None:
+async def _disconnect(client: httpx.AsyncClient, index: int, tally: ClientTally) -> None:
     """A gamma client that reads a few chunks of a long stream, then leaves."""
-    body = {"model": MODEL, "prompt": PROMPTS[index % len(PROMPTS)], "max_tokens": 400,
+    prompt = PROMPTS[index % len(PROMPTS)]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": DISCONNECT_MAX_TOKENS,
             "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
     headers = {"Authorization": "Bearer sk-gamma"}
+    tokens = await client.post("/tokenize", json={"prompt": prompt}, headers=headers)
+    tally.gamma_prompt_tokens += len(tokens.json()["tokens"])
     async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
         assert response.status_code == 200
         seen = 0
         async for line in response.aiter_lines():
-            seen += line.startswith("data: ")
+            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
+                seen += 1  # a chunk with text carries at least one delivered token
             if seen >= 4:
                 break  # leaving the block closes the connection mid-stream
+        tally.gamma_chunks_read += seen
 
 
 NUM_REQUESTS = 16
 NUM_DISCONNECTS = 2
+DISCONNECT_MAX_TOKENS = 400
 
 
 async def _drive_load(server_url: str) -> ClientTally:
@@ -269,7 +286,7 @@ async def _drive_load(server_url: str) -> ClientTally:
         for wave in range(2):
             await asyncio.gather(
                 *(_one_request(client, wave * 8 + i, tally) for i in range(8)),
-                _disconnect(client, wave),
+                _disconnect(client, wave, tally),
             )
     return tally
 
@@ -341,25 +358,38 @@ def test_the_mix_covered_what_it_is_meant_to(loaded):
         if body.get("stop"):
             assert usage["completion_tokens"] < body["max_tokens"], (index, usage)
     # Tokens the engine computed past a stop or a departed client are counted only when it
-    # ran ahead of the server before the abort arrived: a race, so no count is required.
-    assert _delta(loaded, "meterserve_undelivered_tokens_total") >= 0
+    # ran ahead of the server before the abort arrived (a race), but never more than the
+    # choices could still have produced: their max_tokens less what they delivered.
+    room = sum(
+        _body(index)[1].get("n", 1) * _body(index)[1]["max_tokens"] - usage["completion_tokens"]
+        for index, usage in tally.usages.items()
+    )
+    gamma_delivered = _delta(loaded, "meterserve_tenant_generation_tokens_total", tenant="gamma")
+    room += NUM_DISCONNECTS * DISCONNECT_MAX_TOKENS - gamma_delivered
+    assert 0 <= _delta(loaded, "meterserve_undelivered_tokens_total") <= room
 
 
 def test_token_counters_equal_the_usage_returned_to_clients(loaded):
+    """Every identity against what the clients were told or can count themselves: the usage
+    objects, and for the disconnected gamma clients /tokenize's count of their prompts and
+    the chunks they read (each delivered at least one token before they left)."""
     tally: ClientTally = loaded["tally"]
-    gamma = {"tenant": "gamma"}  # the disconnected clients, who got no usage object
-    for counter, key in (
-        ("prompt_tokens", "prompt_tokens"),
-        ("generation_tokens", "completion_tokens"),
-    ):
-        billed = _delta(loaded, f"meterserve_{counter}_total")
-        left = _delta(loaded, f"meterserve_tenant_{counter}_total", **gamma)
-        assert billed == tally.sum(key) + left, counter
-    cached = _delta(loaded, "meterserve_cached_prompt_tokens_total")
-    assert cached == tally.cached() + _delta(
-        loaded, "meterserve_tenant_cached_prompt_tokens_total", **gamma
+    gamma = {"tenant": "gamma"}
+    assert _delta(loaded, "meterserve_tenant_prompt_tokens_total", **gamma) == (
+        tally.gamma_prompt_tokens
     )
-    assert _delta(loaded, "meterserve_tenant_prompt_tokens_total", **gamma) > 0
+    assert _delta(loaded, "meterserve_prompt_tokens_total") == (
+        tally.sum("prompt_tokens") + tally.gamma_prompt_tokens
+    )
+    gamma_delivered = _delta(loaded, "meterserve_tenant_generation_tokens_total", **gamma)
+    assert tally.gamma_chunks_read <= gamma_delivered < NUM_DISCONNECTS * DISCONNECT_MAX_TOKENS
+    assert _delta(loaded, "meterserve_generation_tokens_total") == (
+        tally.sum("completion_tokens") + gamma_delivered
+    )
+    # gamma's two prompts differ and are its own: with the cache keyed by tenant, gamma is
+    # told of no hit, and every cached token counted is one a billed client was told of.
+    assert _delta(loaded, "meterserve_tenant_cached_prompt_tokens_total", **gamma) == 0
+    assert _delta(loaded, "meterserve_cached_prompt_tokens_total") == tally.cached()
 
 
 def test_requests_by_finish_reason_are_the_clients_finish_reasons(loaded):
@@ -428,6 +458,16 @@ def test_an_unknown_key_is_refused_and_the_tenant_header_is_ignored(stack, loade
     # Without --tenant-header the header names nobody: _one_request sent X-Tenant: gamma
     # with acme's and beta's keys, yet gamma was billed only its disconnected streams.
     assert _delta(loaded, "meterserve_tenant_requests_total", tenant="gamma") == NUM_DISCONNECTS
+
+
+def test_only_the_metrics_key_scrapes_the_tenant_series(stack):
+    """Prometheus has them (its scrape sends the metrics key); a scrape without it, or with
+    a tenant's own key, gets the aggregates only (docs/metrics.md#what-answers-without-a-key)."""
+    for headers in ({}, {"Authorization": "Bearer sk-acme"}):
+        text = httpx.get(f"{stack.server_url}/metrics", headers=headers, timeout=10).text
+        assert "meterserve_generation_tokens_total" in text
+        assert "tenant=" not in text, headers
+    assert 'tenant="acme"' in _scrape(stack)[0]
 
 
 def test_a_single_streams_decode_passes_count_no_more_bytes_than_they_read(stack, loaded):

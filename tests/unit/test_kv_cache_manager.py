@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
-from kvcache.prefix_hash import hash_block
+from kvcache.prefix_hash import chain_root, hash_block
 
 A_TOKENS = list(range(100, 110))  # 10 tokens: blocks of 4 -> 2 full + 1 partial
 
@@ -211,3 +211,34 @@ def test_stale_hit_is_rejected() -> None:
     with pytest.raises(ValueError, match="stale"):
         kv.allocate_slots("B", 10, computed)
     kv.check_invariants()
+
+
+def test_salted_requests_share_blocks_only_with_their_own_salt() -> None:
+    """Tenant isolation: a request hits only blocks cached under its own cache_salt; the
+    unsalted chain ("") is a salt of its own; requests with the same salt still share."""
+    kv = manager(num_blocks=12)
+    tokens = A_TOKENS[:8] + [7, 7]
+    computed = kv.get_computed_blocks(tokens, "tenant-a")
+    assert computed.num_tokens == 0
+    assert kv.allocate_slots("A", len(tokens), computed)
+    kv.cache_full_blocks("A", tokens, len(tokens), "tenant-a")
+    kv.check_invariants()
+    salted_root = chain_root("tenant-a")
+    assert salted_root is not None and chain_root("") is None
+    h0 = hash_block(salted_root, tokens[0:4])
+    assert kv.pool.blocks[0].block_hash == h0 != hash_block(None, tokens[0:4])
+
+    assert kv.get_computed_blocks(tokens, "tenant-b").num_tokens == 0
+    assert kv.get_computed_blocks(tokens).num_tokens == 0
+    same = kv.get_computed_blocks(tokens, "tenant-a")
+    assert [b.block_id for b in same.blocks] == [0, 1] and same.num_tokens == 8
+    assert kv.allocate_slots("A2", len(tokens), same)
+    kv.check_invariants()
+    assert refs(kv, [0, 1]) == [2, 2]
+    # The other tenant computes its own copy; its blocks are cached under its own salt.
+    other = kv.get_computed_blocks(tokens, "tenant-b")
+    assert kv.allocate_slots("B", len(tokens), other)
+    kv.cache_full_blocks("B", tokens, len(tokens), "tenant-b")
+    kv.check_invariants()
+    assert kv.block_table("B") == [4, 5, 6] and refs(kv, [0, 1, 4, 5]) == [2, 2, 1, 1]
+    assert kv.get_computed_blocks(tokens, "tenant-b").num_tokens == 8

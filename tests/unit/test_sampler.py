@@ -27,6 +27,7 @@ from engine.sampling.reference import (
     reference_sample,
 )
 from engine.sampling.truncation import CANDIDATE_COUNTS, inverse_cdf, kept_tokens
+from scheduler.logit_bias import LogitBias
 from scheduler.output import ScheduledChunk
 from scheduler.sampling_params import SamplingParams
 
@@ -235,7 +236,7 @@ def test_negative_presence_penalty_encourages_repeats() -> None:
 
 
 def test_logit_bias_adds_to_logits_and_changes_greedy_choice() -> None:
-    params = SamplingParams(temperature=0.0, logit_bias=((1, 5.0), (6, -100.0)))
+    params = SamplingParams(temperature=0.0, logit_bias=LogitBias.of(((1, 5.0), (6, -100.0))))
     token_id, logprobs = _processed_logprobs(params, RAW)
     expected = list(RAW)
     expected[1] += 5.0
@@ -325,9 +326,9 @@ def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
         repetition_penalty=rng.choice([1.0, 1.0, 1.3, 0.7]),
         presence_penalty=rng.choice([0.0, 0.0, 0.5, -1.0]),
         frequency_penalty=rng.choice([0.0, 0.0, 0.3]),
-        logit_bias=tuple((t, rng.uniform(-5, 5)) for t in rng.sample(range(vocab + 3), 3))
+        logit_bias=LogitBias.of((t, rng.uniform(-5, 5)) for t in rng.sample(range(vocab + 3), 3))
         if rng.random() < 0.3
-        else (),
+        else LogitBias(),
         min_tokens=rng.choice([0, 0, 3]),
         stop_token_ids=(rng.randrange(vocab),),
         seed=rng.choice([None, rng.randrange(1000)]),

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from scheduler.logit_bias import LogitBias
 from scheduler.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 
 
@@ -51,8 +52,6 @@ def test_is_frozen() -> None:
         ({"logprobs": -1}, "logprobs"),
         ({"logprobs": MAX_LOGPROBS + 1}, "logprobs"),
         ({"stop_token_ids": (3, -1)}, "stop_token_ids"),
-        ({"logit_bias": ((-1, 1.0),)}, "logit_bias"),
-        ({"logit_bias": ((5, 100.5),)}, "logit_bias"),
     ],
 )
 def test_out_of_range_raises_with_param(kwargs: dict[str, object], param: str) -> None:
@@ -75,8 +74,28 @@ def test_out_of_range_raises_with_param(kwargs: dict[str, object], param: str) -
         {"presence_penalty": -2.0, "frequency_penalty": 2.0},
         {"logprobs": 0},
         {"logprobs": MAX_LOGPROBS},
-        {"logit_bias": ((5, -100.0), (6, 100.0))},
+        {"logit_bias": LogitBias.of(((5, -100.0), (6, 100.0)))},
     ],
 )
 def test_boundary_values_are_valid(kwargs: dict[str, object]) -> None:
     SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        (((-1, 1.0),), "negative"),
+        (((5, 100.5),), "not in"),
+        (((5, 1.0), (5, 2.0)), "twice"),
+    ],
+)
+def test_logit_bias_checks_its_entries_once(pairs, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LogitBias.of(pairs)
+
+
+def test_logit_bias_is_sorted_and_reads_below_a_vocabulary() -> None:
+    bias = LogitBias.of(((9, 1.0), (2, -3.5), (5, 0.25)))
+    assert list(bias.token_ids) == [2, 5, 9] and list(bias.values) == [-3.5, 0.25, 1.0]
+    assert (bias.num_below(9), bias.num_below(10), bias.num_below(0)) == (2, 3, 0)
+    assert bias and len(bias) == 3 and not LogitBias()

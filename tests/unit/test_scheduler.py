@@ -71,6 +71,7 @@ def make_request(
     arrival: float = 0.0,
     priority: int = 0,
     tokens: list[int] | None = None,
+    cache_salt: str = "",
     **params: object,
 ) -> Request:
     base = 1_000_000 * next(_prompt_bases)
@@ -83,6 +84,7 @@ def make_request(
         arrival_time=arrival,
         eos_token_ids=frozenset({EOS}),
         priority=priority,
+        cache_salt=cache_salt,
     )
 
 
@@ -254,6 +256,22 @@ def test_prefix_hit_counts_as_computed() -> None:
     assert b.num_cached_tokens == 8 and events[0].num_cached_tokens == 8
     out, events = h.step()
     assert out.prefix_cache_queried_tokens == 0 and events[0].num_cached_tokens == 8
+
+
+def test_prefix_hits_stay_within_a_cache_salt() -> None:
+    """A tenant's salt: B (another salt) computes the whole shared prefix and is told 0
+    cached tokens; C (A's salt) hits A's blocks."""
+    h = harness(block_size=4)
+    shared = list(range(600, 610))
+    h.add("A", 0, tokens=shared, max_tokens=1, cache_salt="tenant-a")
+    h.step()
+    b = h.add("B", 0, tokens=shared[:8] + [1, 2, 3], max_tokens=1, cache_salt="tenant-b")
+    out, events = h.step()
+    assert ran(out) == [("B", 11, 0, True)] and out.prefix_cache_hit_tokens == 0
+    assert b.num_cached_tokens == 0 and events[0].num_cached_tokens == 0
+    c = h.add("C", 0, tokens=shared[:8] + [1, 2, 3], max_tokens=1, cache_salt="tenant-a")
+    out, events = h.step()
+    assert ran(out) == [("C", 3, 8, True)] and c.num_cached_tokens == 8
 
 
 def test_caching_disabled_computes_everything() -> None:

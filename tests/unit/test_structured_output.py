@@ -5,6 +5,10 @@ preemption, no double advance, dropped on finish) with the real SmolLM2 tokenize
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -12,12 +16,21 @@ from sampling_chunks import sampling_chunk
 from transformers import AutoTokenizer
 
 import engine.sampler as sampler_module
+import engine.structured_output as structured_output_module
+from engine.grammar_cache import GrammarCache
 from engine.loader import hf_checkpoint_dir
 from engine.sampler import sample_rows
 from engine.sampling.logit_processors import needs_processing
 from engine.sampling.reference import reference_sample, reference_token_bitmask
 from engine.sampling.token_bitmask import apply_token_bitmask
-from engine.structured_output import StructuredOutputError, StructuredOutputs, grammar_of
+from engine.structured_output import (
+    COMPILE_THREAD_NAME,
+    CompileQueueFull,
+    StructuredOutputError,
+    StructuredOutputs,
+    grammar_of,
+)
+from scheduler.logit_bias import LogitBias
 from scheduler.output import ScheduledChunk
 from scheduler.sampling_params import SamplingParams, SamplingParamsError, StructuredOutput
 
@@ -90,7 +103,9 @@ def test_sample_rows_with_a_bitmask_matches_reference_sample(logprobs):
         SamplingParams(temperature=0.0),  # plain greedy: the fast path, bitmask not read
         SamplingParams(temperature=0.8, top_p=0.9, structured_output=SCHEMA, logprobs=logprobs),
         SamplingParams(temperature=1.0, top_k=5),  # sampled, unconstrained
-        SamplingParams(temperature=0.0, structured_output=SCHEMA, logit_bias=((7, 5.0),)),
+        SamplingParams(
+            temperature=0.0, structured_output=SCHEMA, logit_bias=LogitBias.of(((7, 5.0),))
+        ),
     ]
     chunks = [_chunk(p, f"r{i}") for i, p in enumerate(params)]
     for trial in range(20):
@@ -208,4 +223,152 @@ def test_a_schema_compiles_once_and_a_walk_yields_valid_json(tokenizer):
     assert output[-1] == eos
     assert json.loads(tokenizer.decode(output[:-1])) in ({"ok": True}, {"ok": False})
     _greedy_walk(structured, chunk_for("y"), 3, eos)
-    assert list(structured.compiled) == [SCHEMA]
+    assert structured.cache.keys() == [SCHEMA]
+
+
+# ---- compiled grammars: the cache's bounds, compiling ahead on the worker -------------------
+
+
+class _Sized:
+    def __init__(self, memory_size_bytes: int) -> None:
+        self.memory_size_bytes = memory_size_bytes
+
+
+def test_the_grammar_cache_keeps_the_most_recent_entries_within_its_entry_bound():
+    cache = GrammarCache(max_entries=3, max_bytes=10**9)
+    grammars = {key: _Sized(10) for key in "abcd"}
+    for key in "abc":
+        cache.put(key, grammars[key])
+        cache.check_invariants()
+    assert cache.get("a") is grammars["a"]  # now the most recently used: b goes first
+    cache.put("d", grammars["d"])
+    cache.check_invariants()
+    assert cache.keys() == ["c", "a", "d"] and cache.get("b") is None
+    assert len(cache) == 3 and cache.num_bytes == 30
+
+
+def test_the_grammar_cache_evicts_to_its_byte_bound_but_keeps_the_entry_put_last():
+    cache = GrammarCache(max_entries=100, max_bytes=100)
+    for key, size in (("a", 40), ("b", 40), ("c", 30)):
+        cache.put(key, _Sized(size))
+        cache.check_invariants()
+    assert cache.keys() == ["b", "c"] and cache.num_bytes == 70
+    cache.put("b", _Sized(50))  # replaced: its old size leaves the count
+    cache.check_invariants()
+    assert cache.keys() == ["c", "b"] and cache.num_bytes == 80
+    cache.put("huge", _Sized(500))  # alone over the bound: kept, everything else evicted
+    cache.check_invariants()
+    assert cache.keys() == ["huge"] and cache.num_bytes == 500
+    cache.put("e", _Sized(1))
+    assert cache.keys() == ["e"] and cache.num_bytes == 1
+
+
+def test_the_grammar_cache_stays_consistent_under_threads():
+    cache = GrammarCache(max_entries=8, max_bytes=200)
+
+    def work(thread: int) -> None:
+        for i in range(500):
+            key = (thread * 7 + i) % 13
+            if cache.get(key) is None:
+                cache.put(key, _Sized(1 + key * 3))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))
+    cache.check_invariants()
+    assert 0 < len(cache) <= 8
+
+
+def _record_compiling_threads(monkeypatch) -> list[str]:
+    """The names of the threads that compile (every compile starts with grammar_of)."""
+    names: list[str] = []
+    real = structured_output_module.grammar_of
+
+    def recording(constraint):
+        names.append(threading.current_thread().name)
+        return real(constraint)
+
+    monkeypatch.setattr(structured_output_module, "grammar_of", recording)
+    return names
+
+
+def test_compile_async_compiles_on_the_worker_what_the_step_then_finds(tokenizer, monkeypatch):
+    structured = StructuredOutputs(tokenizer, len(tokenizer))
+    threads = _record_compiling_threads(monkeypatch)
+    ahead = structured.compile_async(SCHEMA).result(timeout=60)
+    assert ahead.compile_seconds > 0 and threads == [f"{COMPILE_THREAD_NAME}_0"]
+    assert structured.compile(SCHEMA) is ahead.grammar  # the in-step path: a cache hit
+    again = structured.compile_async(SCHEMA)
+    assert again.done() and again.result().grammar is ahead.grammar
+    assert again.result().compile_seconds == 0.0
+    params = SamplingParams(temperature=0.0, structured_output=SCHEMA)
+    structured.bitmask([_chunk(params, "x")])
+    assert threads == [f"{COMPILE_THREAD_NAME}_0"]  # nothing compiled on the engine thread
+
+
+def test_a_request_not_compiled_ahead_compiles_in_the_step_and_says_so(
+    tokenizer, monkeypatch, caplog
+):
+    structured = StructuredOutputs(tokenizer, len(tokenizer))
+    threads = _record_compiling_threads(monkeypatch)
+    params = SamplingParams(temperature=0.0, structured_output=SCHEMA)
+    with caplog.at_level(logging.INFO, logger="engine.structured_output"):
+        structured.bitmask([_chunk(params, "offline")])
+    assert threads == [threading.current_thread().name]
+    assert "request offline: grammar compiled inside the step" in caplog.text
+    assert structured.compile_async(SCHEMA).result().grammar is structured.compile(SCHEMA)
+
+
+def test_compile_async_from_many_threads_compiles_once(tokenizer):
+    structured = StructuredOutputs(tokenizer, len(tokenizer))
+    regex = StructuredOutput("regex", "[a-z]{3}-[0-9]{2}")
+    with ThreadPoolExecutor(4) as pool:
+        futures = list(pool.map(lambda _: structured.compile_async(regex), range(8)))
+    results = [future.result(timeout=60) for future in futures]
+    assert len({id(result.grammar) for result in results}) == 1
+    assert sum(result.compile_seconds > 0 for result in results) == 1
+    structured.cache.check_invariants()
+
+
+def test_compile_async_reports_a_constraint_that_does_not_compile(tokenizer):
+    structured = StructuredOutputs(tokenizer, len(tokenizer))
+    future = structured.compile_async(StructuredOutput("grammar", "root ::= foo"))
+    with pytest.raises(StructuredOutputError, match='Rule "foo" is not defined'):
+        future.result(timeout=60)
+    assert len(structured.cache) == 0
+
+
+def test_every_eos_id_of_the_request_ends_a_completed_grammar(tokenizer):
+    """Compiled grammars do not know the engine's EOS ids; each matcher gets its request's."""
+    vocab = len(tokenizer)
+    structured = StructuredOutputs(tokenizer, vocab)
+    constraint = StructuredOutput("choice", json.dumps(["yes"]))
+    params = SamplingParams(temperature=0.0, structured_output=constraint)
+    target = tokenizer.encode("yes", add_special_tokens=False)
+    chunk = _chunk(params, "two", target)
+    chunk.eos_token_ids = frozenset({0, tokenizer.eos_token_id})
+    assert _allowed(structured.bitmask([chunk])[0], vocab) == {0, tokenizer.eos_token_id}
+
+
+def test_compiles_past_the_pending_bound_are_refused_until_one_is_done(tokenizer, monkeypatch):
+    """MAX_PENDING_COMPILES queued or running: one more is CompileQueueFull (a 429 at the
+    HTTP edge); once they finish, compiles are accepted again."""
+    monkeypatch.setattr(structured_output_module, "MAX_PENDING_COMPILES", 2)
+    structured = StructuredOutputs(tokenizer, len(tokenizer))
+    release = threading.Event()
+    compile_now = structured._compile
+    monkeypatch.setattr(structured, "_compile", lambda c: release.wait(60) and compile_now(c))
+    held = [structured.compile_async(StructuredOutput("regex", f"[a-z]{{{i}}}")) for i in (1, 2)]
+    # Asking again for a grammar being compiled waits on that compile (no new place in the
+    # line, and no second bill for its seconds).
+    again = structured.compile_async(StructuredOutput("regex", "[a-z]{1}"))
+    with pytest.raises(CompileQueueFull):
+        structured.compile_async(StructuredOutput("regex", "[a-z]{3}"))
+    release.set()
+    assert all(future.result(timeout=60).compile_seconds > 0 for future in held)
+    assert again.result(timeout=60).compile_seconds == 0.0
+    assert again.result().grammar is held[0].result().grammar
+    deadline = time.monotonic() + 60  # done callbacks run on the worker, after the results
+    while structured._in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    later = structured.compile_async(StructuredOutput("regex", "[a-z]{3}"))
+    assert later.result(timeout=60).grammar is not None
