@@ -19,6 +19,9 @@ class EngineConfig:
     kv_cache_memory_fraction: float = 0.1  # of currently available memory, when bytes unset
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
+    # Most prompt tokens one request computes in a step; None = half the step budget, so a
+    # long prompt always leaves room to admit another request's (0 = the whole budget).
+    long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     attention_backend: Literal["auto", "reference", "batched", "cpu_kernels"] = "auto"
@@ -41,6 +44,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0: the whole budget)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:

@@ -70,6 +70,7 @@ class EngineCore:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=self.max_model_len,
                 policy=config.scheduling_policy,
+                long_prefill_token_threshold=_long_prefill_threshold(config),
             ),
             self.kv_cache,
         )
@@ -105,9 +106,11 @@ class EngineCore:
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str = "",
+        tenant: str = "",
     ) -> None:
         """Queue a request. Raises ValueError when it can never fit (the caller checks first).
-        Only requests with the same `cache_salt` share prefix-cache blocks."""
+        Only requests with the same `cache_salt` share prefix-cache blocks; admission takes
+        turns between tenants."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         total = len(prompt_token_ids) + params.max_tokens
@@ -128,6 +131,7 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             priority=priority,
             cache_salt=cache_salt,
+            tenant=tenant,
         )
         self.scheduler.add_request(request)
 
@@ -303,3 +307,9 @@ def _eos_token_ids(hf_config, tokenizer, generation_config=None) -> frozenset[in
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
     return frozenset(ids)
+
+
+def _long_prefill_threshold(config: EngineConfig) -> int:
+    if config.long_prefill_token_threshold is None:
+        return max(1, config.max_num_batched_tokens // 2)
+    return config.long_prefill_token_threshold

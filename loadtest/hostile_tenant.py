@@ -6,7 +6,8 @@
 Start the server with an --api-keys-file of (at least) those two tenants. For each hostile
 request shape, the victim streams a greedy completion while /health is probed every 100 ms;
 the report gives the hostile request's time to its answer (or refusal), the victim's median and
-worst inter-token gap, and /health's worst wait. Then the cross-tenant prefix probe (cached
+worst inter-token gap while it ran, and /health's worst wait. Then the time to first token of
+the victim's new requests sent while a hostile burst of long prompts is being computed. Then the cross-tenant prefix probe (cached
 tokens the hostile tenant is told about the victim's prompt) and the unauthenticated surface.
 Traffic goes only to the given base URL; every request is bounded (max_tokens, timeouts).
 """
@@ -25,6 +26,7 @@ import httpx
 from loadtest.sse import StreamTiming
 
 VOCAB = 49_152  # SmolLM2's; the largest logit_bias the server allows
+VICTIM_MAX_TOKENS = 7_000  # more than it can decode while any hostile request runs
 
 
 @dataclass(slots=True)
@@ -38,10 +40,15 @@ class Outcome:
 
 
 def hostile_shapes() -> dict[str, tuple[str, dict]]:
-    """name -> (path, body): the heaviest requests the limits allow, and one they refuse."""
+    """name -> (path, body): the heaviest requests the limits allow, and one they refuse.
+    Prompts and schemas differ from run to run, so no cache makes a run cheaper."""
+    salt = int(time.time()) % 10_000
     bias = {str(i): -0.5 for i in range(VOCAB)}
-    prompts = [f"Request {i}: write a long story about the sea." for i in range(64)]
-    fields = {f"field_{i}": {"type": "string", "pattern": "^[a-z]{1,8}$"} for i in range(400)}
+    prompts = [f"Request {salt}-{i}: write a long story about the sea." for i in range(64)]
+    fields = {
+        f"field_{i}": {"type": "string", "pattern": f"^[a-z]{{1,8}}-{salt}-{i}$"}
+        for i in range(400)
+    }
     schema = {"type": "object", "properties": fields, "required": list(fields)[:5]}
     return {
         "64 prompts, full-vocabulary logit_bias": (
@@ -79,10 +86,12 @@ def hostile_shapes() -> dict[str, tuple[str, dict]]:
     }
 
 
-async def victim_stream(http: httpx.AsyncClient, max_tokens: int) -> StreamTiming:
+async def victim_stream(http: httpx.AsyncClient, stop: asyncio.Event) -> StreamTiming:
+    """The victim's greedy stream, read until `stop` is set (the hostile request is done),
+    so its gaps cover the whole time the hostile request ran."""
     body = {
         "messages": [{"role": "user", "content": "Tell me about the history of ships."}],
-        "max_tokens": max_tokens,
+        "max_tokens": VICTIM_MAX_TOKENS,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
@@ -91,6 +100,8 @@ async def victim_stream(http: httpx.AsyncClient, max_tokens: int) -> StreamTimin
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         async for line in response.aiter_lines():
             timing.feed(line, time.perf_counter())
+            if stop.is_set():
+                break  # leaving closes the stream: the server aborts it
     return timing
 
 
@@ -111,13 +122,13 @@ async def one_shape(args, name: str, path: str, body: dict) -> Outcome:
     async with victim, hostile:
         stop = asyncio.Event()
         probe = asyncio.create_task(health_probe(args.base_url, stop))
-        stream = asyncio.create_task(victim_stream(victim, args.victim_tokens))
+        stream = asyncio.create_task(victim_stream(victim, stop))
         await asyncio.sleep(1.0)  # the victim is decoding when the hostile request lands
         start = time.perf_counter()
         response = await hostile.post(path, json={"model": args.model, **body})
         hostile_s = time.perf_counter() - start
-        timing = await stream
         stop.set()
+        timing = await stream
         waits = await probe
     gaps = timing.gaps or [0.0]
     return Outcome(
@@ -128,6 +139,33 @@ async def one_shape(args, name: str, path: str, body: dict) -> Outcome:
         max(gaps),
         max(waits or [0.0]),
     )
+
+
+async def ttft_behind_a_burst(args) -> tuple[list[float], float]:
+    """(the victim's TTFTs for three short requests sent while the hostile tenant's 32
+    prompts of 2,000 tokens are computed, the hostile request's time)."""
+    salt = int(time.time()) % 10_000 + 7
+    prompts = [[1000 + (7 * i + 13 * j + salt) % 40_000 for j in range(2000)] for i in range(32)]
+    body = {"model": args.model, "prompt": prompts, "max_tokens": 4}
+    async with (
+        _client(args.base_url, args.hostile_key) as hostile,
+        _client(args.base_url, args.victim_key) as victim,
+    ):
+        start = time.perf_counter()
+        burst = asyncio.create_task(hostile.post("/v1/completions", json=body))
+        await asyncio.sleep(2.0)
+        ttfts = []
+        for k in range(3):
+            timing = StreamTiming(sent_at=time.perf_counter())
+            request = {"model": args.model, "prompt": f"Hello {k}", "max_tokens": 8}
+            async with victim.stream(
+                "POST", "/v1/completions", json={**request, "stream": True}
+            ) as response:
+                async for line in response.aiter_lines():
+                    timing.feed(line, time.perf_counter())
+            ttfts.append(timing.first_chunk_at - timing.sent_at)
+        await burst
+    return ttfts, time.perf_counter() - start
 
 
 async def cross_tenant_cached_tokens(args) -> tuple[int, int]:
@@ -174,8 +212,14 @@ async def run(args) -> None:
             f"| {o.shape} | {o.status} | {o.hostile_s:.2f} | {o.victim_median_gap_s:.3f} | "
             f"{o.victim_worst_gap_s:.3f} | {o.health_worst_s:.3f} |"
         )
+    ttfts, burst_s = await ttft_behind_a_burst(args)
+    print(
+        "\nvictim's TTFT behind a 32 x 2,000-token burst: "
+        + ", ".join(f"{t:.2f}" for t in ttfts)
+        + f" s (the burst took {burst_s:.1f} s)"
+    )
     hostile, own = await cross_tenant_cached_tokens(args)
-    print(f"\ncross-tenant cached tokens: {hostile} (the victim's own repeat: {own})")
+    print(f"cross-tenant cached tokens: {hostile} (the victim's own repeat: {own})")
     print("unauthenticated: " + json.dumps(public_surface(args.base_url)))
 
 
@@ -185,7 +229,6 @@ def main() -> None:
     parser.add_argument("--victim-key", required=True)
     parser.add_argument("--hostile-key", required=True)
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--victim-tokens", type=int, default=192)
     asyncio.run(run(parser.parse_args()))
 
 

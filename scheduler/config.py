@@ -15,11 +15,26 @@ class SchedulerConfig:
     max_model_len: int = 8192  # prompt + output tokens of one request
     policy: Literal["fcfs", "priority"] = "fcfs"
     enable_chunked_prefill: bool = True
+    # Most prompt tokens one request computes in a step (vLLM's name); 0 = the whole budget.
+    # Below the budget, a long prompt leaves room in every step for other requests' admission.
+    long_prefill_token_threshold: int = 0
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        """The most tokens one request's prefill chunk may have."""
+        threshold = self.long_prefill_token_threshold
+        return (
+            min(threshold, self.max_num_batched_tokens)
+            if threshold
+            else self.max_num_batched_tokens
+        )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {self.policy!r}")

@@ -77,6 +77,8 @@ class Request:
     # Prefix-cache key: only requests with the same salt share cached blocks (the server
     # salts by tenant, so a tenant never hits, or learns of, another tenant's prompts).
     cache_salt: str = ""
+    # Whose line it waits in: admission takes turns between tenants (scheduler rule 6).
+    tenant: str = ""
     status: RequestStatus = RequestStatus.WAITING
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -7,7 +7,10 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
 2. Budget. A step computes at most `max_num_batched_tokens` tokens, decodes and prefill chunks
    alike, and at most `max_num_seqs` requests are running at once.
 3. Running requests get all their uncomputed tokens (1 for a decode, the rest of the prompt for
-   a partially prefilled one), clipped to what is left of the budget.
+   a partially prefilled one), clipped to what is left of the budget; a prefill chunk is also
+   clipped to leave one token for each decode behind it in the list, so a long prompt's
+   prefill never holds back another request's next token, and to
+   `long_prefill_token_threshold` (when set), so it never fills a step alone.
 4. Preemption. When the KV cache cannot grow a running request, the tail of the running list
    is preempted (fcfs: the most recently admitted; priority: the least important), possibly
    the request itself, until the allocation fits. A preempted request drops its blocks and is
@@ -16,13 +19,17 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
    key, ahead of later arrivals of its priority).
 5. A step that preempted admits nobody: the blocks just freed would be fought over again.
 6. Admission is strictly head-of-line: if the head of the waiting queue cannot be admitted
-   (budget, seq cap, blocks), nothing behind it is, so a long prompt is never starved.
+   (budget, seq cap, blocks), nothing behind it is, so a long prompt is never starved. Under
+   fcfs each tenant (Request.tenant) has its own line and the head is that of the tenant with
+   the fewest running requests (then the earliest arrival): one tenant's burst of prompts
+   waits its turn instead of holding every other tenant's first token behind it.
    A prefix-cache hit counts as computed; only the rest is charged to the budget. A request
    that asks for prompt logprobs takes no hit (nor counts a lookup): cached positions would
    have no logits (vLLM does the same); its blocks are still cached for others. Hits are
    keyed by the request's cache_salt: only requests with the same salt share blocks.
-7. Chunked prefill (`enable_chunked_prefill`): the rest of a prompt is cut to the budget left;
-   with it off, a request is admitted only when its whole rest fits in the step.
+7. Chunked prefill (`enable_chunked_prefill`): the rest of a prompt is cut to the budget left
+   and to `long_prefill_token_threshold`; with it off, a request is admitted only when its
+   whole rest fits in the step.
 8. Requests that can never run fail (FINISHED_ERROR) instead of livelocking: one whose tokens
    need more blocks than the whole pool (seen when it alone holds blocks and still cannot
    grow), and, with chunked prefill off, one whose rest exceeds the whole step budget.
@@ -176,10 +183,16 @@ class Scheduler:
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[str]
     ) -> int:
+        decodes_behind = self._decodes_behind()
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new > 1:  # rule 3: a prefill chunk leaves each later decode its token
+                num_new = min(num_new, budget - decodes_behind[i], self.config.max_chunk_tokens)
+                if num_new < 1:
+                    i += 1
+                    continue
             total = request.num_computed_tokens + num_new
             if not self._allocate_or_preempt(request, total, preempted):
                 break  # the request itself left the running list; it was the tail
@@ -187,6 +200,17 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _decodes_behind(self) -> list[int]:
+        """decodes_behind[i]: running requests after position i with one token to compute.
+        Preemption only shortens the list from the tail, so the counts stay upper bounds."""
+        counts = [0] * len(self._running)
+        behind = 0
+        for i in range(len(self._running) - 1, -1, -1):
+            counts[i] = behind
+            request = self._running[i]
+            behind += request.num_tokens - request.num_computed_tokens == 1
+        return counts
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
         """Rule 4: preempt from the tail until `request` fits; False if it was preempted or
@@ -215,7 +239,7 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> None:
         chunked = self.config.enable_chunked_prefill
         while budget > 0 and len(self._running) < self.config.max_num_seqs:
-            request = self._waiting.peek()
+            request = self._waiting.peek(self._num_running_of)
             if request is None or self.kv_cache.num_free_blocks == 0:
                 return  # a hit is whole blocks and never the last token: 1 new block at least
             computed = self._computed_blocks(request)
@@ -223,21 +247,24 @@ class Scheduler:
             if num_new > budget and not chunked:
                 if num_new <= self.config.max_num_batched_tokens:
                     return  # fits a later, emptier step (rule 6: nobody overtakes it)
-                self._waiting.pop()
+                self._waiting.pop(request)
                 self._fail_in_schedule(request, self._budget_error(request, num_new))
                 continue
-            num_new = min(num_new, budget)
+            num_new = min(num_new, budget, self.config.max_chunk_tokens if chunked else num_new)
             total = computed.num_tokens + num_new
             if not self.kv_cache.allocate_slots(request.request_id, total, computed):
                 if self._running:
                     return  # blocks come back as running requests finish
-                self._waiting.pop()  # nobody holds blocks, yet it does not fit: it never will
+                self._waiting.pop(request)  # nobody holds blocks, yet it never fits
                 self._fail_in_schedule(request, self._unfittable_error(request))
                 continue
-            self._waiting.pop()
+            self._waiting.pop(request)
             self._admit(request, computed)
             chunks.append(self._chunk(request, num_new))
             budget -= num_new
+
+    def _num_running_of(self, tenant: str) -> int:
+        return sum(1 for request in self._running if request.tenant == tenant)
 
     def _computed_blocks(self, request: Request) -> ComputedBlocks:
         if request.sampling_params.prompt_logprobs is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.request import Request
@@ -18,7 +19,10 @@ class _HeapEntry:
 
 
 class WaitingQueue:
-    """FCFS: a deque in arrival order; a preempted request goes back to the front.
+    """FCFS: one deque per tenant in arrival order (a preempted request goes back to the
+    front of its tenant's); the next request is the head of the tenant with the fewest
+    running requests, the earliest arrival among equals, so one tenant's burst cannot hold
+    back another tenant's first request (with one tenant this is plain FCFS).
     Priority: a heap by (priority, arrival_time); a preempted request goes back under its own
     key, which puts it ahead of every later arrival of the same priority.
 
@@ -26,11 +30,11 @@ class WaitingQueue:
     reaches the head, so abort is O(1) even with a long queue. __len__ counts live requests.
     """
 
-    __slots__ = ("_deque", "_heap", "_num_live", "_priority", "_seq")
+    __slots__ = ("_deques", "_heap", "_num_live", "_priority", "_seq")
 
     def __init__(self, policy: str) -> None:
         self._priority = policy == "priority"
-        self._deque: deque[Request] = deque()
+        self._deques: dict[str, deque[Request]] = {}  # tenant -> its waiting requests
         self._heap: list[_HeapEntry] = []
         self._seq = 0
         self._num_live = 0
@@ -39,26 +43,36 @@ class WaitingQueue:
         return self._num_live
 
     def add(self, request: Request) -> None:
-        """A new arrival: the back (FCFS) or its place by (priority, arrival_time)."""
+        """A new arrival: the back of its tenant's line (FCFS) or its place by (priority,
+        arrival_time)."""
         self._push(request, front=False)
 
     def add_preempted(self, request: Request) -> None:
-        """A preempted request: the front (FCFS) or its own key (priority)."""
+        """A preempted request: the front of its tenant's line (FCFS) or its own key."""
         self._push(request, front=True)
 
-    def peek(self) -> Request | None:
-        """The next live request to admit, or None; drops aborted ones found at the head."""
-        self._drop_finished_head()
+    def peek(self, num_running: Callable[[str], int] = lambda _: 0) -> Request | None:
+        """The next live request to admit, or None; drops aborted ones found at the heads.
+        `num_running(tenant)` is asked only when more than one tenant is waiting."""
         if self._priority:
+            while self._heap and self._heap[0].request.is_finished:
+                heapq.heappop(self._heap)
             return self._heap[0].request if self._heap else None
-        return self._deque[0] if self._deque else None
+        heads = self._live_heads()
+        if len(heads) <= 1:
+            return heads[0] if heads else None
+        return min(heads, key=lambda r: (num_running(r.tenant), r.arrival_time))
 
-    def pop(self) -> Request:
-        """Remove and return the request peek() returned."""
-        self._drop_finished_head()
-        request = heapq.heappop(self._heap).request if self._priority else self._deque.popleft()
+    def pop(self, request: Request) -> None:
+        """Remove `request`, which peek() just returned."""
+        if self._priority:
+            heapq.heappop(self._heap)
+        else:
+            line = self._deques[request.tenant]
+            line.popleft()
+            if not line:
+                del self._deques[request.tenant]
         self._num_live -= 1
-        return request
 
     def mark_removed(self) -> None:
         """One queued request was finished (aborted) in place; it is skipped at the head."""
@@ -70,15 +84,22 @@ class WaitingQueue:
             self._seq += 1
             entry = _HeapEntry(request.priority, request.arrival_time, self._seq, request)
             heapq.heappush(self._heap, entry)
-        elif front:
-            self._deque.appendleft(request)
+            return
+        line = self._deques.setdefault(request.tenant, deque())
+        if front:
+            line.appendleft(request)
         else:
-            self._deque.append(request)
+            line.append(request)
 
-    def _drop_finished_head(self) -> None:
-        if self._priority:
-            while self._heap and self._heap[0].request.is_finished:
-                heapq.heappop(self._heap)
-        else:
-            while self._deque and self._deque[0].is_finished:
-                self._deque.popleft()
+    def _live_heads(self) -> list[Request]:
+        """Each tenant's first live request, after dropping finished ones (and empty lines)."""
+        heads = []
+        for tenant in list(self._deques):
+            line = self._deques[tenant]
+            while line and line[0].is_finished:
+                line.popleft()
+            if line:
+                heads.append(line[0])
+            else:
+                del self._deques[tenant]
+        return heads

@@ -240,7 +240,7 @@ class EngineClient:
         for index, spec in enumerate(specs):
             self._routes[spec.request_id] = (group, index)
             self._admission.enter(len(spec.prompt_token_ids))
-            self._commands.put(Add(spec, now))
+            self._commands.put(Add(spec, now, group.account.tenant))
         return group
 
     def default_account(self, tenant: str = "default") -> BillingAccount:

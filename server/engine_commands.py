@@ -21,6 +21,7 @@ class Add:
 
     spec: EngineRequestSpec
     arrival_time: float  # time.monotonic() when the HTTP request was admitted
+    tenant: str = ""  # the billing account's tenant label: admission takes turns by it
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,6 +168,7 @@ class EngineLoop:
                     priority=spec.priority,
                     arrival_time=command.arrival_time,
                     cache_salt=spec.cache_salt,
+                    tenant=command.tenant,
                 )
             except Exception as exc:  # noqa: BLE001 - the route pre-checks; this is a backstop
                 why = f"request rejected by the engine: {one_line(exc)}"

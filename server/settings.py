@@ -43,6 +43,7 @@ _ENGINE_FIELDS = (
     "kv_cache_memory_fraction",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "long_prefill_token_threshold",
     "enable_prefix_caching",
     "scheduling_policy",
     "attention_backend",
@@ -226,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=128, help="cap on the running batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=None,
+        help="most prompt tokens one request computes in a step; unset: half the step budget "
+        "(a long prompt leaves room to admit others'); 0: the whole budget",
+    )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     p.add_argument(
         "--kv-cache-bytes",

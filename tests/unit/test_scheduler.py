@@ -72,6 +72,7 @@ def make_request(
     priority: int = 0,
     tokens: list[int] | None = None,
     cache_salt: str = "",
+    tenant: str = "",
     **params: object,
 ) -> Request:
     base = 1_000_000 * next(_prompt_bases)
@@ -85,6 +86,7 @@ def make_request(
         eos_token_ids=frozenset({EOS}),
         priority=priority,
         cache_salt=cache_salt,
+        tenant=tenant,
     )
 
 
@@ -152,6 +154,48 @@ def test_chunked_prefill_mixed_with_decodes() -> None:
     out, _ = h.step()
     assert ran(out) == [("A", 1, 7, True), ("B", 1, 20, True)]
     assert out.num_batched_tokens == 2 and out.num_decode_tokens == 2
+
+
+def test_a_tenants_burst_does_not_hold_back_another_tenants_first_request() -> None:
+    """Rule 6 under fcfs: each tenant has its own line; the head admitted is the tenant's
+    with the fewest running requests, so alice's request, arriving behind four of mallory's,
+    is admitted at the next step and mallory's next prompt takes what is left."""
+    h = harness(max_num_batched_tokens=12)
+    for i in range(5):
+        h.add(f"M{i}", 10, tenant="mallory", max_tokens=1)
+    out, _ = h.step()
+    assert ran(out) == [("M0", 10, 0, True), ("M1", 2, 0, False)]
+    h.add("A", 4, tenant="alice", max_tokens=3)
+    out, _ = h.step()  # M0 finished; M1 (running) first, then alice's before M2
+    assert ran(out) == [("M1", 8, 2, True), ("A", 4, 0, True)]
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 4, True), ("M2", 10, 0, True), ("M3", 1, 0, False)]
+
+
+def test_one_tenant_is_plain_fcfs_and_preempted_requests_keep_the_front() -> None:
+    h = harness(max_num_batched_tokens=4)
+    for name in ("X", "Y", "Z"):
+        h.add(name, 4, tenant="t", max_tokens=1)
+    assert [ran(h.step()[0])[0][0] for _ in range(3)] == ["X", "Y", "Z"]
+
+
+def test_a_prefill_chunk_leaves_every_later_decode_its_token() -> None:
+    """Rule 3: B (alice) decodes behind P, a long prompt still prefilling; P's chunk is cut
+    so that B gets its token every step, and to the long-prefill threshold."""
+    h = harness(max_num_batched_tokens=8, long_prefill_token_threshold=6)
+    h.add("B", 2, tenant="alice", max_tokens=50)
+    out, _ = h.step()
+    assert ran(out) == [("B", 2, 0, True)]
+    h.add("P", 40, tenant="mallory", max_tokens=1)
+    out, _ = h.step()  # admitted, its chunk cut to the threshold (6 of the 7 left)
+    assert ran(out) == [("B", 1, 2, True), ("P", 6, 0, False)]
+    h.add("C", 2, tenant="carol", max_tokens=50)
+    out, _ = h.step()  # C admitted with the 1 token P's threshold leaves
+    assert ran(out) == [("B", 1, 3, True), ("P", 6, 6, False), ("C", 1, 0, False)]
+    out, _ = h.step()  # P is ahead of C in the running list: it leaves C's token for it
+    assert ran(out) == [("B", 1, 4, True), ("P", 6, 12, False), ("C", 1, 1, True)]
+    out, _ = h.step()  # decodes come first in the output
+    assert ran(out) == [("B", 1, 5, True), ("C", 1, 2, True), ("P", 6, 18, False)]
 
 
 def test_no_chunking_admits_only_whole_prompts_head_of_line() -> None:
@@ -564,7 +608,14 @@ def test_random_workload_always_drains(policy: str, chunked: bool) -> None:
     for i in range(num_requests):
         tail = [rng.randrange(3, 50) for _ in range(rng.randrange(1, 9))]
         tokens = rng.choice(prefixes)[: rng.randrange(0, 9)] + tail
-        h.add(f"r{i}", 0, tokens=tokens, priority=rng.randrange(3), max_tokens=rng.randrange(1, 20))
+        h.add(
+            f"r{i}",
+            0,
+            tokens=tokens,
+            priority=rng.randrange(3),
+            max_tokens=rng.randrange(1, 20),
+            tenant=rng.choice(["t0", "t1", "t2"]),
+        )
     for _ in range(1000):
         if not h.sched.has_unfinished_requests:
             break

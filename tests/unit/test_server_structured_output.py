@@ -95,7 +95,9 @@ async def test_a_compile_error_or_timeout_is_a_400_naming_the_field(monkeypatch)
     with pytest.raises(OpenAIError) as error:
         await structured_output_of(body, SimpleNamespace(structured=_FakeStructured(never)))
     assert error.value.param == "response_format" and "within 0.05 s" in error.value.message
-    assert never.cancelled()  # dropped from the queue: the request no longer waits for it
+    # Not cancelled: other requests may be waiting on the same compile; it goes on and is
+    # cached for them.
+    assert not never.cancelled()
 
 
 async def test_the_compile_seconds_are_billed_once_to_the_group_submitted_next():

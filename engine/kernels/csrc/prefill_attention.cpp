@@ -27,7 +27,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "kernels.h"
@@ -59,29 +62,87 @@ inline int64_t packed_words(const ChunkView& c, const Geometry& g) {
   return round_up(c.context, kKeyBlock) * g.head_dim / 2;
 }
 
+// rows[r] lane c -> rows[c] lane r: a 16 x 16 transpose of 32-bit elements (16 unpacks of
+// 32-bit, 16 of 64-bit within 128-bit lanes, then 16 + 16 lane shuffles).
+inline void transpose16(__m512i (&m)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(m[i], m[i + 1]);      // lane: r_i[0] r_i+1[0] r_i[1] r_i+1[1]
+    t[i + 1] = _mm512_unpackhi_epi32(m[i], m[i + 1]);  // lane: r_i[2] r_i+1[2] r_i[3] r_i+1[3]
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + k], lane L: column 4L + k of rows i .. i + 3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4L + k: lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+    m[k] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    m[4 + k] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    m[8 + k] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    m[12 + k] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+inline __m512i load_or_zero(const void* p) {
+  return p != nullptr ? _mm512_loadu_si512(p) : _mm512_setzero_si512();
+}
+
 // Repack key block kb (positions [32 kb, 32 kb + 32)) of kv head h: keys into tiles
 // kp[tile][pair c][lane] = (k[2c], k[2c + 1]) of position 16 tile + lane, values into
-// vp[j][d] = (v_{2j}[d], v_{2j+1}[d]); positions past the context are zeros.
+// vp[j][d] = (v_{2j}[d], v_{2j+1}[d]); positions past the context are zeros. Vectorized: a
+// tile's keys are 16 x 16 transposes of 32-bit pairs, a position pair's values two-row word
+// interleaves (scalar, packing was most of a step of short chunks over long cached prefixes).
 void pack_block(const bf16* key_cache, const bf16* value_cache, const ChunkView& c, int64_t h,
                 int64_t kb, const Geometry& g, uint32_t* kp, uint32_t* vp) {
   const int64_t pairs = g.head_dim / 2;
   uint32_t* keys = kp + kb * kKeyBlock * pairs;
   uint16_t* values = reinterpret_cast<uint16_t*>(vp + kb * kKeyBlock * pairs);
+  const uint32_t* key_rows[kKeyBlock];
+  const uint16_t* value_rows[kKeyBlock];
   for (int64_t i = 0; i < kKeyBlock; ++i) {
     const int64_t t = kb * kKeyBlock + i;
-    uint32_t* key_lanes = keys + (i / 16) * pairs * 16 + i % 16;
-    uint16_t* value_halves = values + (i / 2) * g.head_dim * 2 + i % 2;
     if (t >= c.context) {
-      for (int64_t p = 0; p < pairs; ++p) key_lanes[p * 16] = 0;
-      for (int64_t d = 0; d < g.head_dim; ++d) value_halves[d * 2] = 0;
+      key_rows[i] = nullptr, value_rows[i] = nullptr;
       continue;
     }
     const int64_t slot = c.table[t / g.block_size] * g.block_size + t % g.block_size;
     const int64_t offset = slot * g.slot_stride + h * g.head_dim;
-    const uint32_t* key_pairs = reinterpret_cast<const uint32_t*>(key_cache + offset);
-    const uint16_t* value_row = reinterpret_cast<const uint16_t*>(value_cache + offset);
-    for (int64_t p = 0; p < pairs; ++p) key_lanes[p * 16] = key_pairs[p];
-    for (int64_t d = 0; d < g.head_dim; ++d) value_halves[d * 2] = value_row[d];
+    key_rows[i] = reinterpret_cast<const uint32_t*>(key_cache + offset);
+    value_rows[i] = reinterpret_cast<const uint16_t*>(value_cache + offset);
+  }
+  for (int64_t tile = 0; tile < kKeyBlock / 16; ++tile) {
+    uint32_t* tile_keys = keys + tile * pairs * 16;
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      __m512i m[16];
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t* row = key_rows[tile * 16 + i];
+        m[i] = load_or_zero(row != nullptr ? row + p0 : nullptr);
+      }
+      transpose16(m);
+      for (int col = 0; col < 16; ++col) _mm512_storeu_si512(tile_keys + (p0 + col) * 16, m[col]);
+    }
+  }
+  // Word k of an interleave: even k from the first row, odd from the second, dims d0 + k / 2.
+  alignas(64) static const uint16_t kLow[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i low = _mm512_load_si512(kLow);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (int64_t j = 0; j < kKeyBlock / 2; ++j) {
+    const uint16_t* a = value_rows[2 * j];
+    const uint16_t* b = value_rows[2 * j + 1];
+    uint16_t* out = values + j * g.head_dim * 2;
+    for (int64_t d0 = 0; d0 < g.head_dim; d0 += 32) {
+      const __m512i va = load_or_zero(a != nullptr ? a + d0 : nullptr);
+      const __m512i vb = load_or_zero(b != nullptr ? b + d0 : nullptr);
+      _mm512_storeu_si512(out + d0 * 2, _mm512_permutex2var_epi16(va, low, vb));
+      _mm512_storeu_si512(out + d0 * 2 + 32, _mm512_permutex2var_epi16(va, high, vb));
+    }
   }
 }
 
@@ -208,6 +269,39 @@ std::vector<Item> work_items(const std::vector<ChunkView>& chunks, const Geometr
   return items;
 }
 
+// The calling thread's packing buffer: grown on demand (contents undefined), kept between
+// calls up to kRetainBytes so that a step's 30 layers reuse one allocation; a larger one
+// (long contexts in many chunks) is freed after its call instead of held for good.
+class PackedBuffer {
+ public:
+  static constexpr int64_t kRetainBytes = int64_t{256} << 20;
+
+  __m512i* get(int64_t vectors) {
+    if (vectors > capacity_) {
+      data_.reset(static_cast<__m512i*>(std::aligned_alloc(64, vectors * sizeof(__m512i))));
+      if (!data_) throw std::bad_alloc();
+      capacity_ = vectors;
+    }
+    return data_.get();
+  }
+
+  void trim() {
+    if (capacity_ * static_cast<int64_t>(sizeof(__m512i)) > kRetainBytes) {
+      data_.reset();
+      capacity_ = 0;
+    }
+  }
+
+ private:
+  struct Free {
+    void operator()(__m512i* p) const { std::free(p); }
+  };
+  std::unique_ptr<__m512i, Free> data_;
+  int64_t capacity_ = 0;
+};
+
+thread_local PackedBuffer packed_buffer;
+
 template <int D, int R>
 void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
          std::vector<ChunkView>& chunks, const Geometry& g, float scale, bf16* out) {
@@ -219,9 +313,11 @@ void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
     const int64_t num_blocks = round_up(chunks[ci].context, kKeyBlock) / kKeyBlock;
     for (int64_t b = 0; b < g.num_kv_heads * num_blocks; ++b) blocks.emplace_back(ci, b);
   }
-  // 64-byte aligned words for the aligned vector loads.
-  std::vector<__m512i> storage((words + 15) / 16);
-  uint32_t* packed = reinterpret_cast<uint32_t*>(storage.data());
+  // 64-byte aligned words for the aligned vector loads, kept between calls and never
+  // value-initialized: pack_block writes every word (zeros past a context), and a fresh
+  // zero-filled buffer per call (one per layer) cost a page fault per 4 KiB of packed keys
+  // and values, most of a step whose short chunks read long cached prefixes.
+  uint32_t* packed = reinterpret_cast<uint32_t*>(packed_buffer.get((words + 15) / 16));
   const std::vector<Item> items = work_items(chunks, g);
   auto key_base = [&](const ChunkView& c, int64_t h) {
     return packed + c.packed + 2 * h * packed_words(c, g);
@@ -244,6 +340,7 @@ void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
       attend_item<D, R>(query, c, item, g, kp, kp + packed_words(c, g), scale, out);
     }
   }
+  packed_buffer.trim();
 }
 
 }  // namespace
