@@ -22,11 +22,9 @@ class SchedulerConfig:
     @property
     def max_chunk_tokens(self) -> int:
         """The most tokens one request's prefill chunk may have."""
-        threshold = self.long_prefill_token_threshold
-        return (
-            min(threshold, self.max_num_batched_tokens)
-            if threshold
-            else self.max_num_batched_tokens
+        return min(
+            self.long_prefill_token_threshold or self.max_num_batched_tokens,
+            self.max_num_batched_tokens,
         )
 
     def __post_init__(self) -> None:

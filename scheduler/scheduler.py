@@ -250,7 +250,8 @@ class Scheduler:
                 self._waiting.pop(request)
                 self._fail_in_schedule(request, self._budget_error(request, num_new))
                 continue
-            num_new = min(num_new, budget, self.config.max_chunk_tokens if chunked else num_new)
+            if chunked:  # unchunked, the branch above left only a whole rest that fits
+                num_new = min(num_new, budget, self.config.max_chunk_tokens)
             total = computed.num_tokens + num_new
             if not self.kv_cache.allocate_slots(request.request_id, total, computed):
                 if self._running:

@@ -77,7 +77,7 @@ async def create_completion(request: Request) -> Response:
     settings = get_settings(request)
     check_num_choices(_num_prompts(body.prompt), body.n, settings.max_choices_per_request, "prompt")
     stop = check_stop_strings(body.stop_strings)
-    priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
+    priority = check_priority(body.priority, settings.engine.scheduling_policy)
     structured_output = await structured_output_of(body, client)  # 400: does not compile
     prompts = await tokenize_prompts(body.prompt, client)
     request_id = new_id("cmpl")
