@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from engine.attention.kv_cache import context_slots
 from engine.attention.metadata import AttentionMetadata, ChunkSpan
-from engine.attention.reference import write_kv
+from engine.attention.reference import first_window_key, visible_keys, write_kv
 
 
 class BatchedAttention:
@@ -29,46 +29,122 @@ class BatchedAttention:
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        """sliding_window and softcap as in ReferenceAttention.forward."""
         write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         outputs = []
         if meta.num_decodes:
             outputs.append(
-                self._decode(query[: meta.num_decodes], key_cache, value_cache, meta, scale)
+                decode_attention(
+                    query[: meta.num_decodes],
+                    key_cache,
+                    value_cache,
+                    meta,
+                    scale,
+                    sliding_window,
+                    softcap,
+                )
             )
-        outputs.extend(prefill_attention(query, key, value, key_cache, value_cache, meta, scale))
+        outputs.extend(
+            prefill_attention(
+                query, key, value, key_cache, value_cache, meta, scale, sliding_window, softcap
+            )
+        )
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
-    @staticmethod
-    def _decode(query, key_cache, value_cache, meta, scale) -> torch.Tensor:
-        keys = _gather_blocks(key_cache, meta.decode_block_tables, meta.block_size)
-        values = _gather_blocks(value_cache, meta.decode_block_tables, meta.block_size)
-        # GQA without repeating K/V: the `group` query heads that share a kv head become
-        # `group` query rows of that kv head (head h reads kv head h // group, as in HF).
-        num_decodes, num_heads, head_dim = query.shape
-        num_kv_heads = keys.shape[1]
-        q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=meta.decode_mask, scale=scale
+
+def decode_attention(
+    query, key_cache, value_cache, meta, scale, sliding_window=None, softcap=None
+) -> torch.Tensor:
+    """All decode rows in one call over their gathered, padded contexts (under a window, only
+    the blocks from the one holding each row's first visible key)."""
+    tables, mask = meta.decode_block_tables, meta.decode_mask
+    if sliding_window is not None:
+        tables, mask = _window_tables(meta, sliding_window)
+    keys = _gather_blocks(key_cache, tables, meta.block_size)
+    values = _gather_blocks(value_cache, tables, meta.block_size)
+    # GQA without repeating K/V: the `group` query heads that share a kv head become
+    # `group` query rows of that kv head (head h reads kv head h // group, as in HF).
+    num_decodes, num_heads, head_dim = query.shape
+    num_kv_heads = keys.shape[1]
+    q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = masked_attention(q, keys, values, mask, scale, softcap)
+    return out.reshape(num_decodes, num_heads, head_dim)
+
+
+def _window_tables(meta: AttentionMetadata, sliding_window: int):
+    """Decode i's block table from block first_block_i (the one holding its first visible key
+    first_key_i = max(0, context_len_i - W): the decode at position context_len_i - 1 sees
+    keys j > context_len_i - 1 - W), padded to the longest: [decodes, span] block ids, and the
+    additive mask over their span * block_size keys, key u at position
+    first_block_i * block_size + u, visible when first_key_i <= position < context_len_i.
+    Blocks before first_block_i are not read at all (they may have been freed)."""
+    block_size, lens = meta.block_size, meta.decode_context_lens
+    first_key = (lens - sliding_window).clamp(min=0)
+    first_block = first_key // block_size
+    span = int((-(-lens // block_size) - first_block).max())
+    index = first_block[:, None] + torch.arange(span)  # past a table: its padding or last block
+    tables = meta.decode_block_tables.gather(
+        1, index.clamp(max=meta.decode_block_tables.shape[1] - 1)
+    )
+    key_pos = first_block[:, None] * block_size + torch.arange(span * block_size)
+    visible = (key_pos >= first_key[:, None]) & (key_pos < lens[:, None])
+    mask = torch.zeros(visible.shape, dtype=meta.decode_mask.dtype)
+    return tables, mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+
+
+def masked_attention(q, keys, values, mask, scale, softcap, enable_gqa=False) -> torch.Tensor:
+    """SDPA with an additive or boolean mask; with a softcap, the same in plain ops (SDPA has
+    no score transform), softmax in float32."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
         )
-        return out.reshape(num_decodes, num_heads, head_dim)
+    if enable_gqa and keys.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // keys.shape[-3]
+        keys = keys.repeat_interleave(group, dim=-3)
+        values = values.repeat_interleave(group, dim=-3)
+    scores = (q.float() @ keys.float().transpose(-1, -2)) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    probs = torch.softmax(scores, dim=-1)
+    return (probs @ values.float()).to(q.dtype)
 
 
-def prefill_attention(query, key, value, key_cache, value_cache, meta, scale) -> list[torch.Tensor]:
+def prefill_attention(
+    query, key, value, key_cache, value_cache, meta, scale, sliding_window=None, softcap=None
+) -> list[torch.Tensor]:
     """Outputs of the step's prefill chunks (those after the decodes), in batch order.
 
-    Adjacent whole prompts of equal length share one batched SDPA call; every other chunk is
-    one call of its own.
+    Adjacent whole prompts of equal length share one batched SDPA call (plain causal layers
+    only); every other chunk is one call of its own.
     """
     outputs = []
+    plain = sliding_window is None and softcap is None
     for group in _fresh_groups(meta.chunks[meta.num_decodes :]):
-        if len(group) > 1:
+        if len(group) > 1 and plain:
             outputs.append(_fresh_prefill_group(query, key, value, group, scale))
         else:
-            outputs.append(
+            outputs.extend(
                 prefill_chunk_attention(
-                    query, key, value, key_cache, value_cache, group[0], meta, scale
+                    query,
+                    key,
+                    value,
+                    key_cache,
+                    value_cache,
+                    chunk,
+                    meta,
+                    scale,
+                    sliding_window,
+                    softcap,
                 )
+                for chunk in group
             )
     return outputs
 
@@ -106,18 +182,46 @@ def _fresh_prefill_group(query, key, value, group: list[ChunkSpan], scale: float
     return out.transpose(1, 2).flatten(0, 1)
 
 
-def prefill_chunk_attention(query, key, value, key_cache, value_cache, chunk, meta, scale):
+def prefill_chunk_attention(
+    query,
+    key,
+    value,
+    key_cache,
+    value_cache,
+    chunk,
+    meta,
+    scale,
+    sliding_window=None,
+    softcap=None,
+):
     """One prefill chunk's attention as one SDPA call; query/key/value are the whole step's."""
     rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
     q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
+    # Keys [first, context_len): from the first query's window on (blocks before it may have
+    # been freed, so they are not read).
+    first = first_window_key(chunk.start_position, sliding_window)
     if chunk.start_position == 0:
-        keys, values, mask, causal = key[rows], value[rows], None, True
+        keys, values = key[rows], value[rows]
     else:
-        slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)
+        slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)[first:]
         keys, values = key_cache[slots], value_cache[slots]
+    if chunk.start_position == 0 and sliding_window is None and softcap is None:
+        mask, causal = None, True
+    else:
         query_pos = torch.arange(chunk.query_len) + chunk.start_position
-        mask = torch.arange(chunk.context_len)[None, :] <= query_pos[:, None]
+        mask = visible_keys(query_pos, chunk.context_len, sliding_window, first)
         causal = False
+    if softcap is not None:
+        out = masked_attention(
+            q,
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            mask,
+            scale,
+            softcap,
+            enable_gqa=True,
+        )
+        return out.squeeze(0).transpose(0, 1)
     out = F.scaled_dot_product_attention(
         q,
         keys.transpose(0, 1).unsqueeze(0),

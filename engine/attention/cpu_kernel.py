@@ -7,7 +7,9 @@ call, go through the native causal flash attention over the paged cache
 (engine/kernels/csrc/prefill_attention.cpp, AVX512-BF16), except where torch's own SDPA is
 the better choice: on AMX CPUs (torch's CPU flash attention runs its products on AMX tiles
 there; the native kernel was measured only on a CPU without AMX), in float32, and for head
-sizes other than 64 and 128. Tested against ReferenceAttention.
+sizes other than 64 and 128. Sliding windows and softcaps hold on every path (both kernels
+take them; the torch prefill is batched.py's), and no path reads the cache blocks of keys
+outside every query's window. Tested against ReferenceAttention.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ class CpuKernelAttention:
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        """sliding_window and softcap as in ReferenceAttention.forward (the kernels take 0 for
+        none); keys outside a window are not read at all."""
         num_tokens = key.shape[0]
         self.kernels.store_kv_(
             key.reshape(num_tokens, -1),
@@ -58,16 +64,26 @@ class CpuKernelAttention:
                     meta.decode_context_lens,
                     meta.block_size,
                     scale,
+                    sliding_window or 0,
+                    softcap or 0.0,
                 )
             )
         if meta.prefill_spans is not None:
-            outputs.extend(self._prefill(query, key, value, key_cache, value_cache, meta, scale))
+            outputs.extend(
+                self._prefill(
+                    query, key, value, key_cache, value_cache, meta, scale, sliding_window, softcap
+                )
+            )
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
-    def _prefill(self, query, key, value, key_cache, value_cache, meta, scale) -> list:
+    def _prefill(
+        self, query, key, value, key_cache, value_cache, meta, scale, sliding_window, softcap
+    ) -> list:
         """The prefill chunks' outputs, in batch order (their K/V are already in the cache)."""
         if not self._prefill_natively(query):
-            return prefill_attention(query, key, value, key_cache, value_cache, meta, scale)
+            return prefill_attention(
+                query, key, value, key_cache, value_cache, meta, scale, sliding_window, softcap
+            )
         out = self.kernels.paged_prefill_attention(
             query,
             key_cache,
@@ -76,6 +92,8 @@ class CpuKernelAttention:
             meta.prefill_spans,
             meta.block_size,
             scale,
+            sliding_window or 0,
+            softcap or 0.0,
         )
         return [out]
 

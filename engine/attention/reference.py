@@ -23,6 +23,23 @@ def write_kv(
     value_cache.index_copy_(0, slot_mapping, value)
 
 
+def first_window_key(position: int, sliding_window: int | None) -> int:
+    """The first key position the query at `position` sees (0 without a window)."""
+    return 0 if sliding_window is None else max(0, position - sliding_window + 1)
+
+
+def visible_keys(
+    query_pos: torch.Tensor, context_len: int, sliding_window: int | None, first_key: int = 0
+) -> torch.Tensor:
+    """[queries, context_len - first_key] bool over key positions [first_key, context_len): key
+    j is visible to the query at position p when j <= p and, under a sliding window W, p - W < j."""
+    key_pos = torch.arange(first_key, context_len)[None, :]
+    visible = key_pos <= query_pos[:, None]
+    if sliding_window is not None:
+        visible &= key_pos > query_pos[:, None] - sliding_window
+    return visible
+
+
 class ReferenceAttention:
     """Per chunk: gather its context from the cache, causal softmax attention, GQA by repeat."""
 
@@ -37,21 +54,29 @@ class ReferenceAttention:
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        """sliding_window W: a query at position i sees keys j with i - W < j <= i (HF's
+        sliding-window mask); softcap c: scores become c * tanh(scores / c) before the mask."""
         write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty_like(query)
         group = query.shape[1] // key.shape[1]
         for chunk in meta.chunks:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)
-            keys = key_cache[slots].repeat_interleave(group, dim=1)  # [context, heads, dim]
+            # Keys [first, context_len): the first query's window onwards. Keys before it are
+            # never read (their blocks may have been freed and replaced).
+            first = first_window_key(chunk.start_position, sliding_window)
+            slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)[first:]
+            keys = key_cache[slots].repeat_interleave(group, dim=1)  # [keys, heads, dim]
             values = value_cache[slots].repeat_interleave(group, dim=1)
             q = query[rows].float().transpose(0, 1)  # [heads, query_len, dim]
-            scores = q @ keys.float().permute(1, 2, 0) * scale  # [heads, query_len, context]
+            scores = q @ keys.float().permute(1, 2, 0) * scale  # [heads, query_len, keys]
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             # Query i sits at position start_position + i and sees keys 0..start_position + i.
             query_pos = torch.arange(chunk.query_len) + chunk.start_position
-            key_pos = torch.arange(chunk.context_len)
-            visible = key_pos[None, :] <= query_pos[:, None]
+            visible = visible_keys(query_pos, chunk.context_len, sliding_window, first)
             scores = scores.masked_fill(~visible, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             out[rows] = (probs @ values.float().transpose(0, 1)).transpose(0, 1).to(out.dtype)

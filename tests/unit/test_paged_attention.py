@@ -5,6 +5,11 @@ into the paged cache beforehand (at the slots of a shuffled, non-contiguous bloc
 chunk's own K/V are passed in as the step's new tokens. The backend must write the new K/V at
 their slots and return, for every query row, exactly what plain softmax(QK^T)V over that
 request's positions 0..p (GQA: kv head = query head // group) gives.
+
+Layers may also attend through a sliding window W (the query at position p sees keys
+p - W < j <= p) and cap their scores (c * tanh(scores / c) before the softmax, Gemma 2's
+softcap); the dense reference applies both the same way. Cache blocks wholly outside a window
+may hold anything (freed blocks are replaced by a placeholder): a test fills them with NaN.
 """
 
 from __future__ import annotations
@@ -56,22 +61,66 @@ MIXED = [
 ]
 
 
-def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int):
+@dataclass(frozen=True)
+class Masking:
+    """A layer's attention options (None: off); boost multiplies SCALE, so that scores are
+    large enough for the softcap's tanh to saturate."""
+
+    sliding_window: int | None = None
+    softcap: float | None = None
+    boost: float = 1.0
+
+    def first_visible(self, position: int) -> int:
+        """The first key position the query at `position` sees."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, position - self.sliding_window + 1)
+
+    def forward_kwargs(self) -> dict:
+        return {
+            "scale": SCALE * self.boost,
+            "sliding_window": self.sliding_window,
+            "softcap": self.softcap,
+        }
+
+
+PLAIN = Masking()
+# W = 5 is shorter than most MIXED contexts: decodes over 6 and 13 tokens, chunks starting at
+# 6 and 8. The softcap is 0.5 on scores of standard deviation ~2: most of them saturate.
+MASKINGS = {
+    "window": Masking(sliding_window=5),
+    "softcap": Masking(softcap=0.5, boost=2.0),
+    "window_and_softcap": Masking(sliding_window=5, softcap=0.5, boost=2.0),
+}
+
+
+def _dense_attention(q, k, v, start: int, masking: Masking = PLAIN) -> torch.Tensor:
     """q: [query_len, heads, dim] at positions start.., k/v: [context, kv_heads, dim]."""
     group = NUM_HEADS // NUM_KV_HEADS
     out = torch.empty(q.shape, dtype=torch.float64)
     for h in range(NUM_HEADS):
         kh, vh = k[:, h // group].double(), v[:, h // group].double()
-        scores = q[:, h].double() @ kh.T * SCALE  # [query_len, context]
+        scores = q[:, h].double() @ kh.T * (SCALE * masking.boost)  # [query_len, context]
+        if masking.softcap is not None:
+            scores = masking.softcap * torch.tanh(scores / masking.softcap)
         for i in range(q.shape[0]):
-            visible = start + i + 1
-            probs = torch.softmax(scores[i, :visible], dim=-1)
-            out[i, h] = probs @ vh[:visible]
+            visible = slice(masking.first_visible(start + i), start + i + 1)
+            probs = torch.softmax(scores[i, visible], dim=-1)
+            out[i, h] = probs @ vh[visible]
     return out
 
 
-def _build_step(cases: list[RequestCase], dtype: torch.dtype, seed: int):
-    """Random K/V per request, a shuffled block table each, prior context written in the cache."""
+def _outside_window(case: RequestCase, block_index: int, masking: Masking) -> bool:
+    """Whether block block_index of the request's table lies wholly before the window of the
+    chunk's first query (no query of the chunk sees it)."""
+    return (block_index + 1) * BLOCK_SIZE <= masking.first_visible(case.start)
+
+
+def _build_step(cases: list[RequestCase], dtype: torch.dtype, seed: int, poison: Masking | None):
+    """Random K/V per request, a shuffled block table each, prior context written in the cache.
+
+    poison: the blocks wholly outside that window are filled with NaN instead, except block 0
+    (the padding of the batched backend's decode tables, read under a -inf mask)."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     free_blocks = list(range(NUM_BLOCKS))
@@ -88,6 +137,10 @@ def _build_step(cases: list[RequestCase], dtype: torch.dtype, seed: int):
         for p in range(case.start):
             key_cache[slot_of(table, p, BLOCK_SIZE)] = k[p]
             value_cache[slot_of(table, p, BLOCK_SIZE)] = v[p]
+        for b, block in enumerate(table):
+            if poison is not None and block != 0 and _outside_window(case, b, poison):
+                key_cache[block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE] = float("nan")
+                value_cache[block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE] = float("nan")
         num_prompt = case.context_len if case.is_prompt_end else case.context_len + 5
         if case.query_len == 1 and case.start > 0 and case.is_prompt_end:
             num_prompt = case.start  # a decode: one token past the prompt
@@ -118,8 +171,10 @@ def _make_backend(name: str):
     return make_backend(name, load_cpu_kernels())
 
 
-def _run_backend(name, cases, dtype, seed):
-    chunks, full, key_cache, value_cache = _build_step(cases, dtype, seed)
+def _run_backend(name, cases, dtype, seed, masking: Masking = PLAIN, poison: bool = False):
+    chunks, full, key_cache, value_cache = _build_step(
+        cases, dtype, seed, masking if poison else None
+    )
     batch = to_tensors(build_lists(chunks, BLOCK_SIZE), BLOCK_SIZE, dtype)
     query = torch.cat([q for q, _, _ in full])
     key = torch.cat([k[c.start :] for c, (_, k, _) in zip(cases, full, strict=True)])
@@ -127,22 +182,30 @@ def _run_backend(name, cases, dtype, seed):
     if name in ("cpu_kernels", *PREFILL_PATHS) and load_cpu_kernels() is None:
         pytest.skip("native CPU kernels are not available on this machine")
     backend = _make_backend(name)
-    out = backend.forward(query, key, value, key_cache, value_cache, batch.meta, SCALE)
+    kwargs = masking.forward_kwargs()
+    out = backend.forward(query, key, value, key_cache, value_cache, batch.meta, **kwargs)
     return chunks, full, key_cache, value_cache, out
 
 
-def _check_against_dense(cases, dtype, seed, backend, atol, rtol):
-    chunks, full, key_cache, value_cache, out = _run_backend(backend, cases, dtype, seed)
+def _check_against_dense(
+    cases, dtype, seed, backend, atol, rtol, masking: Masking = PLAIN, poison: bool = False
+):
+    chunks, full, key_cache, value_cache, out = _run_backend(
+        backend, cases, dtype, seed, masking, poison
+    )
     assert out.shape == (sum(c.query_len for c in cases), NUM_HEADS, HEAD_DIM)
     assert out.dtype == dtype
     row = 0
     for case, chunk, (q, k, v) in zip(cases, chunks, full, strict=True):
-        expected = _dense_attention(q, k, v, case.start)
+        expected = _dense_attention(q, k, v, case.start, masking)
         got = out[row : row + case.query_len].double()
         torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
         row += case.query_len
         # The new tokens' K/V now sit at their slots (the cache holds the whole context).
         for p in range(case.context_len):
+            block = chunk.block_table[p // BLOCK_SIZE]
+            if poison and block != 0 and _outside_window(case, p // BLOCK_SIZE, masking):
+                continue
             slot = slot_of(chunk.block_table, p, BLOCK_SIZE)
             assert torch.equal(key_cache[slot], k[p]) and torch.equal(value_cache[slot], v[p])
 
@@ -250,3 +313,90 @@ def test_native_prefill_agrees_with_torch_sdpa_on_a_long_prompt(monkeypatch) -> 
     native = _run_backend("native_prefill", cases, torch.bfloat16, 14)[-1]
     sdpa = _run_backend("sdpa_prefill", cases, torch.bfloat16, 14)[-1]
     torch.testing.assert_close(native.float(), sdpa.float(), atol=1e-2, rtol=1e-2)
+
+
+# ---- sliding windows and softcaps ---------------------------------------------------------
+
+DTYPE_TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+def test_maskings_change_the_answer() -> None:
+    """The options are not vacuous here: each moves the dense answer well past tolerance."""
+    gen = torch.Generator().manual_seed(20)
+    q = torch.randn(4, NUM_HEADS, HEAD_DIM, generator=gen)  # positions 9..12
+    k, v = (torch.randn(13, NUM_KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
+    for masking in MASKINGS.values():
+        plain = _dense_attention(q, k, v, 9, Masking(boost=masking.boost))
+        assert (_dense_attention(q, k, v, 9, masking) - plain).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("masking", sorted(MASKINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_mixed_batch_with_window_and_softcap_equals_dense(backend, dtype, masking) -> None:
+    tolerance = DTYPE_TOLERANCES[dtype]
+    _check_against_dense(MIXED, dtype, 21, backend, tolerance, tolerance, masking=MASKINGS[masking])
+
+
+# Windows on SmolLM2's shape with 16-token blocks (the kernels' AMX decode scoring in bf16):
+# decodes whose window starts inside a block, on one, past whole skipped blocks, and the
+# prefill shapes (32-key softmax blocks of the native kernel) plus a chunk far past its window.
+LONG_CASES = [RequestCase(s, 1) for s in (0, 14, 39, 40, 47, 63, 100, 200)]
+LONG_CASES += PREFILL_SHAPES + [RequestCase(150, 40)]
+LONG_MASKINGS = {
+    "window5": Masking(sliding_window=5),
+    "window40": Masking(sliding_window=40),
+    "softcap": Masking(softcap=0.5, boost=2.0),
+    "window40_and_softcap": Masking(sliding_window=40, softcap=0.5, boost=2.0),
+}
+KERNEL_PATHS = ["cpu_kernels", *sorted(PREFILL_PATHS)]
+
+
+@pytest.mark.parametrize("masking", sorted(LONG_MASKINGS))
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 2, 128)])
+def test_kernel_paths_with_window_and_softcap_close_to_dense(
+    path, heads, kv_heads, head_dim, masking, monkeypatch
+) -> None:
+    """bf16: the native prefill kernel's only dtype, and the AMX decode path where it exists."""
+    _llama_shape(monkeypatch, heads, kv_heads, head_dim)
+    tolerance = DTYPE_TOLERANCES[torch.bfloat16]
+    _check_against_dense(
+        LONG_CASES, torch.bfloat16, 22, path, tolerance, tolerance, masking=LONG_MASKINGS[masking]
+    )
+
+
+@pytest.mark.parametrize("masking", ["window40", "window40_and_softcap"])
+def test_kernel_decodes_with_window_and_softcap_float32(masking, monkeypatch) -> None:
+    """The AVX-512 float32 decode path over long contexts with 16-token blocks."""
+    _llama_shape(monkeypatch, 9, 3, 64)
+    cases = [RequestCase(s, 1) for s in (0, 14, 39, 40, 47, 63, 100, 200)]
+    _check_against_dense(
+        cases, torch.float32, 23, "cpu_kernels", 1e-5, 1e-5, masking=LONG_MASKINGS[masking]
+    )
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_blocks_outside_the_window_are_never_read(backend, dtype) -> None:
+    """NaN in every block wholly before a chunk's window (0 * NaN would leak into the output)."""
+    tolerance = DTYPE_TOLERANCES[dtype]
+    masking = MASKINGS["window_and_softcap"]
+    _check_against_dense(MIXED, dtype, 24, backend, tolerance, tolerance, masking, poison=True)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("masking", ["window5", "window40"])
+def test_kernel_paths_never_read_blocks_outside_the_window(path, masking, monkeypatch) -> None:
+    _llama_shape(monkeypatch, 9, 3, 64)
+    tolerance = DTYPE_TOLERANCES[torch.bfloat16]
+    _check_against_dense(
+        LONG_CASES,
+        torch.bfloat16,
+        25,
+        path,
+        tolerance,
+        tolerance,
+        LONG_MASKINGS[masking],
+        poison=True,
+    )

@@ -222,11 +222,18 @@ void store_kv_op(const torch::Tensor& key, const torch::Tensor& value, torch::Te
   });
 }
 
+// sliding_window and softcap: 0 turns either off.
+void check_scoring(int64_t sliding_window, double softcap, const char* op) {
+  TORCH_CHECK(sliding_window >= 0, op, ": sliding_window must be >= 0 (0: none)");
+  TORCH_CHECK(std::isfinite(softcap) && softcap >= 0, op, ": softcap must be >= 0 (0: none)");
+}
+
 torch::Tensor paged_decode_attention_op(const torch::Tensor& query, const torch::Tensor& key_cache,
                                         const torch::Tensor& value_cache,
                                         const torch::Tensor& block_tables,
                                         const torch::Tensor& context_lens, int64_t block_size,
-                                        double scale) {
+                                        double scale, int64_t sliding_window, double softcap) {
+  check_scoring(sliding_window, softcap, "paged_decode_attention");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [decodes, heads, dim] with contiguous heads");
   TORCH_CHECK(key_cache.dim() == 3 && key_cache.is_contiguous() && value_cache.is_contiguous(),
@@ -254,7 +261,7 @@ torch::Tensor paged_decode_attention_op(const torch::Tensor& query, const torch:
                               data<T>(value_cache), data<int64_t>(block_tables),
                               block_tables.size(1), data<int64_t>(context_lens), data<T>(out),
                               query.size(0), num_heads, num_kv_heads, query.size(2), block_size,
-                              scale);
+                              scale, sliding_window, static_cast<float>(softcap));
   });
   return out;
 }
@@ -264,7 +271,8 @@ torch::Tensor paged_prefill_attention_op(const torch::Tensor& query,
                                          const torch::Tensor& value_cache,
                                          const torch::Tensor& block_tables,
                                          const torch::Tensor& spans, int64_t block_size,
-                                         double scale) {
+                                         double scale, int64_t sliding_window, double softcap) {
+  check_scoring(sliding_window, softcap, "paged_prefill_attention");
   TORCH_CHECK(query.scalar_type() == torch::kBFloat16, "paged_prefill_attention is bfloat16 only");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [tokens, heads, dim] with contiguous heads");
@@ -299,7 +307,7 @@ torch::Tensor paged_prefill_attention_op(const torch::Tensor& query,
                           data<bf16>(value_cache), data<int64_t>(block_tables),
                           block_tables.size(1), data<int64_t>(spans), spans.size(0),
                           data<bf16>(out), num_heads, num_kv_heads, query.size(2), block_size,
-                          static_cast<float>(scale));
+                          static_cast<float>(scale), sliding_window, static_cast<float>(softcap));
   return out;
 }
 
@@ -338,9 +346,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         without_gil);
   m.def("store_kv_", &store_kv_op, "write key/value rows into cache slots", without_gil);
   m.def("paged_decode_attention", &paged_decode_attention_op,
-        "decode attention over the paged cache", without_gil);
+        "decode attention over the paged cache (sliding_window, softcap: 0 = none)",
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("context_lens"), py::arg("block_size"), py::arg("scale"),
+        py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, without_gil);
   m.def("paged_prefill_attention", &paged_prefill_attention_op,
-        "causal prefill attention of chunks over the paged cache, bf16", without_gil);
+        "causal prefill attention of chunks over the paged cache, bf16 (sliding_window, "
+        "softcap: 0 = none)",
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("spans"), py::arg("block_size"), py::arg("scale"),
+        py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, without_gil);
   m.attr("MAX_SMALL_BATCH_ROWS") = kSmallBatchRows;  // the decode stack of a GGUF model
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
 }

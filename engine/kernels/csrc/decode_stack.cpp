@@ -45,7 +45,7 @@ void attend_and_mix(const DecodeLayer& layer, const DecodeStackShape& s, const D
   paged_decode_attention(a.qkv.data(), width, layer.key_cache, layer.value_cache,
                          step.block_tables, step.max_blocks, step.context_lens,
                          a.attention.data(), rows, s.num_heads, s.num_kv_heads, s.head_dim,
-                         s.block_size, s.scale);
+                         s.block_size, s.scale, /*sliding_window=*/0, /*softcap=*/0.0f);
   linear(a.attention.data(), layer.o, hidden, rows);
   add_rms_norm(hidden, residual, layer.post_attention_norm, rows, s.hidden_size, s.eps);
   linear(hidden, layer.gate_up, a.gate_up.data(), rows);

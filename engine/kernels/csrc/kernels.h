@@ -85,21 +85,25 @@ void store_kv(const T* key, const T* value, int64_t src_stride, T* key_cache, T*
               const int64_t* slots, int64_t rows, int64_t width);
 
 // One query token per request over its paged context; see paged_attention.cpp.
+// sliding_window W > 0: it sees the last W positions only; softcap c > 0: scores become
+// c * tanh(scale * score / c). 0 turns either off.
 template <typename T>
 void paged_decode_attention(const T* query, int64_t query_stride, const T* key_cache,
                             const T* value_cache, const int64_t* block_tables,
                             int64_t max_blocks, const int64_t* context_lens, T* out,
                             int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, int64_t block_size, float scale);
+                            int64_t head_dim, int64_t block_size, float scale,
+                            int64_t sliding_window, float softcap);
 
 // Causal attention of prefill chunks over the paged cache (their own keys already stored);
 // spans [num_chunks, 3] = (query_start, query_len, start_position); out [sum query_len,
-// num_heads, head_dim], chunks' rows in order. bf16, head_dim 64 or 128; see
-// prefill_attention.cpp.
+// num_heads, head_dim], chunks' rows in order. bf16, head_dim 64 or 128; sliding_window and
+// softcap as in paged_decode_attention; see prefill_attention.cpp.
 void paged_prefill_attention(const bf16* query, int64_t query_stride, const bf16* key_cache,
                              const bf16* value_cache, const int64_t* block_tables,
                              int64_t max_blocks, const int64_t* spans, int64_t num_chunks,
                              bf16* out, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, int64_t block_size, float scale);
+                             int64_t head_dim, int64_t block_size, float scale,
+                             int64_t sliding_window, float softcap);
 
 }  // namespace meterserve

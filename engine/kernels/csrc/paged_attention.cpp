@@ -1,8 +1,14 @@
 // Decode attention that reads K/V where they lie in the paged cache.
 //
-// One request's query token: every query head scores all context positions, takes a softmax
-// in fp32 and sums the values (query head q reads kv head q / group, as in HF's GQA). No gather
-// copy, no padding to the longest request.
+// One request's query token: every query head scores the context positions it sees, takes a
+// softmax in fp32 and sums the values (query head q reads kv head q / group, as in HF's GQA).
+// No gather copy, no padding to the longest request.
+//
+// It sees every position, or under a sliding window W > 0 the last W ([context_len - W,
+// context_len), transformers' mask); only the blocks holding those are read, so a small window
+// over a long context costs the window. A softcap c > 0 turns the scaled scores into
+// c * tanh(score / c) before the softmax (Gemma 2). With neither, the arithmetic is that of the
+// plain kernel, operation for operation.
 //
 //   position t of request d lives at slot block_tables[d, t / block_size] * block_size
 //                                        + t % block_size,   t in [0, context_lens[d])
@@ -86,21 +92,54 @@ void score_keys_amx(const bf16* query, const bf16* key_cache, const int64_t* off
 // ---- softmax -----------------------------------------------------------------------------
 
 // In place over score rows (position t's at scores + t * row), per head i < heads:
-// rows [0, length) <- exp(scale * (score - max)), rows [length, padded) <- 0, totals[i] = the
-// sum. scale > 0, so the max of the raw scores is the max of the scaled ones.
-void softmax_rows(float* scores, int64_t length, int64_t padded, int64_t heads, int64_t row,
-                  float scale, float* totals) {
+// rows [lo, length) <- exp(scale * (score - max)), the other rows of [0, padded) <- 0 (never
+// read: they may hold anything), totals[i] = the sum. scale > 0, so the max of the raw scores
+// is the max of the scaled ones. With a softcap, softmax_capped_rows instead.
+void softmax_rows(float* scores, int64_t lo, int64_t length, int64_t padded, int64_t heads,
+                  int64_t row, float scale, float* totals) {
   const __m512 factor = _mm512_set1_ps(scale);
   for (int64_t i = 0; i < heads; i += kVecLanes) {  // heads [i, i + 16)
     const __mmask16 mask = lanes(heads - i);
+    for (int64_t t = 0; t < lo; ++t)
+      _mm512_mask_storeu_ps(scores + t * row + i, mask, _mm512_setzero_ps());
     __m512 peak = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < length; ++t)
+    for (int64_t t = lo; t < length; ++t)
       peak = _mm512_max_ps(peak, _mm512_maskz_loadu_ps(mask, scores + t * row + i));
     __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < length; ++t) {
+    for (int64_t t = lo; t < length; ++t) {
       float* r = scores + t * row + i;
       const __m512 e =
           exp(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, r), peak), factor));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(r, mask, e);
+    }
+    for (int64_t t = length; t < padded; ++t)
+      _mm512_mask_storeu_ps(scores + t * row + i, mask, _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(totals + i, mask, sum);
+  }
+}
+
+// softmax_rows over capped scores x = softcapped(scale * score): rows [lo, length) <-
+// exp(x - max x), capped in a first pass that also finds the max.
+void softmax_capped_rows(float* scores, int64_t lo, int64_t length, int64_t padded,
+                         int64_t heads, int64_t row, const Scoring& scoring, float* totals) {
+  const __m512 factor = _mm512_set1_ps(scoring.scale);
+  for (int64_t i = 0; i < heads; i += kVecLanes) {  // heads [i, i + 16)
+    const __mmask16 mask = lanes(heads - i);
+    for (int64_t t = 0; t < lo; ++t)
+      _mm512_mask_storeu_ps(scores + t * row + i, mask, _mm512_setzero_ps());
+    __m512 peak = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = lo; t < length; ++t) {
+      float* r = scores + t * row + i;
+      const __m512 x =
+          softcapped(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, r), factor), scoring.softcap);
+      peak = _mm512_max_ps(peak, x);
+      _mm512_mask_storeu_ps(r, mask, x);
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = lo; t < length; ++t) {
+      float* r = scores + t * row + i;
+      const __m512 e = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, r), peak));
       sum = _mm512_add_ps(sum, e);
       _mm512_mask_storeu_ps(r, mask, e);
     }
@@ -261,8 +300,12 @@ void store_output(const float* acc, float inv_total, int64_t head_dim, bf16* out
 // ---- one work item -----------------------------------------------------------------------
 
 // Attention of request item.d's query heads that read kv heads [item.kv_begin, item.kv_end).
+// The query at position length - 1 sees positions [first, length); the item works on
+// positions [begin, begin + padded), begin = first rounded down to a tile (tiles start on a
+// multiple of 16, so AMX tiles stay inside a block), local index u = position - begin. Blocks
+// before begin's are never read: a small window over a long context costs only the window.
 template <typename T>
-void attend(const Batch<T>& b, const Item& item, const Shape& s, float scale) {
+void attend(const Batch<T>& b, const Item& item, const Shape& s, const Scoring& scoring) {
   const int64_t length = b.context_lens[item.d];
   const T* query = b.query + item.d * b.query_stride;
   const int64_t first_head = item.kv_begin * s.group;
@@ -272,7 +315,9 @@ void attend(const Batch<T>& b, const Item& item, const Shape& s, float scale) {
     std::fill_n(out, heads * s.head_dim, T{});
     return;
   }
-  const int64_t padded = round_up(length, kTile);
+  const int64_t first = first_visible(length - 1, scoring.window);
+  const int64_t begin = first / kTile * kTile;
+  const int64_t padded = round_up(length - begin, kTile);
   const int64_t acc_stride = round_up(s.head_dim, 32);  // bf16 steps are 32 dims wide
   Scratch& w = scratch();
   int64_t* offsets = grown(w.offsets, padded);
@@ -282,7 +327,7 @@ void attend(const Batch<T>& b, const Item& item, const Shape& s, float scale) {
   float* scores = grown(w.scores, padded * row);
   float* acc = grown(w.acc, heads * acc_stride);
   float* totals = grown(w.totals, heads);
-  slot_offsets(b.block_tables + item.d * b.max_blocks, length, padded, s, offsets);
+  slot_offsets(b.block_tables + item.d * b.max_blocks, begin, first, length, padded, s, offsets);
   std::fill_n(acc, heads * acc_stride, 0.0f);
   const int64_t row_begin = item.kv_begin * s.head_dim;  // the item's part of a slot row
   const int64_t row_bytes = (item.kv_end - item.kv_begin) * s.head_dim * sizeof(T);
@@ -300,7 +345,12 @@ void attend(const Batch<T>& b, const Item& item, const Shape& s, float scale) {
   }
 #endif
   if (!scored) score_keys(query, b.key_cache, offsets, padded, item, s, prefetch, scores, row);
-  softmax_rows(scores, length, padded, heads, row, scale, totals);
+  if (scoring.softcap > 0)
+    softmax_capped_rows(scores, first - begin, length - begin, padded, heads, row, scoring,
+                        totals);
+  else
+    softmax_rows(scores, first - begin, length - begin, padded, heads, row, scoring.scale,
+                 totals);
 
   const int64_t budget = kTile / (item.kv_end - item.kv_begin) + 2;
   for (int64_t t = 0; t < padded; t += kTile) {  // positions [t, t + 16)
@@ -315,20 +365,23 @@ void attend(const Batch<T>& b, const Item& item, const Shape& s, float scale) {
     store_output(acc + i * acc_stride, 1.0f / totals[i], s.head_dim, out + i * s.head_dim);
 }
 
-// The work items, longest requests first: the last items to finish are then short ones.
-// A whole request per item when that still gives every thread several items (contiguous
-// reads, see the top); otherwise one kv head per item, so that few requests still spread.
+// The work items, longest first (by the keys they read: a window caps that): the last items
+// to finish are then short ones. A whole request per item when that still gives every thread
+// several items (contiguous reads, see the top); otherwise one kv head per item, so that few
+// requests still spread.
 std::vector<Item> work_items(const int64_t* context_lens, int64_t num_decodes,
-                             int64_t num_kv_heads) {
+                             int64_t num_kv_heads, int64_t window) {
   const int64_t splits = num_decodes >= 4 * omp_get_max_threads() ? 1 : num_kv_heads;
   std::vector<Item> items;
   items.reserve(num_decodes * splits);
   for (int64_t d = 0; d < num_decodes; ++d)
     for (int64_t part = 0; part < splits; ++part)
       items.push_back({d, part * num_kv_heads / splits, (part + 1) * num_kv_heads / splits});
-  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
-    return context_lens[a.d] > context_lens[b.d];
-  });
+  auto keys_read = [&](const Item& item) {
+    return window > 0 ? std::min(context_lens[item.d], window) : context_lens[item.d];
+  };
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const Item& a, const Item& b) { return keys_read(a) > keys_read(b); });
   return items;
 }
 
@@ -339,21 +392,24 @@ void paged_decode_attention(const T* query, int64_t query_stride, const T* key_c
                             const T* value_cache, const int64_t* block_tables,
                             int64_t max_blocks, const int64_t* context_lens, T* out,
                             int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, int64_t block_size, float scale) {
+                            int64_t head_dim, int64_t block_size, float scale,
+                            int64_t sliding_window, float softcap) {
   const Shape s{num_heads,  num_kv_heads, head_dim, block_size, num_heads / num_kv_heads,
                 num_kv_heads * head_dim};
   const Batch<T> batch{query,      query_stride, key_cache, value_cache,
                        block_tables, max_blocks, context_lens, out};
-  const std::vector<Item> items = work_items(context_lens, num_decodes, num_kv_heads);
+  const Scoring scoring{scale, softcap, sliding_window};
+  const std::vector<Item> items =
+      work_items(context_lens, num_decodes, num_kv_heads, sliding_window);
   const int64_t count = static_cast<int64_t>(items.size());
 #pragma omp parallel for schedule(dynamic) if (count > 1)
-  for (int64_t index = 0; index < count; ++index) attend(batch, items[index], s, scale);
+  for (int64_t index = 0; index < count; ++index) attend(batch, items[index], s, scoring);
 }
 
 #define METERSERVE_INSTANTIATE(T)                                                              \
   template void paged_decode_attention<T>(const T*, int64_t, const T*, const T*, const int64_t*, \
                                           int64_t, const int64_t*, T*, int64_t, int64_t,       \
-                                          int64_t, int64_t, int64_t, float);
+                                          int64_t, int64_t, int64_t, float, int64_t, float);
 
 METERSERVE_INSTANTIATE(float)
 METERSERVE_INSTANTIATE(bf16)

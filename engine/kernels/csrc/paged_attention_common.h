@@ -1,5 +1,6 @@
 // Shared by paged_attention.cpp and its score kernels: constants, the call's shape and work
-// items, per-thread scratch, slot offsets and the software prefetcher.
+// items, per-thread scratch, slot offsets and the software prefetcher; with
+// prefill_attention.cpp: how scores become weights (Scoring, softcapped).
 #pragma once
 
 #include <immintrin.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "numeric.h"
+#include "vec.h"
 
 namespace meterserve {
 namespace attention {
@@ -21,6 +23,31 @@ constexpr int kMaxHeadTile = 4;        // query heads whose accumulators share a
 struct Shape {
   int64_t num_heads, num_kv_heads, head_dim, block_size, group, slot_stride;
 };
+
+// How a query's scores become weights: x = scale * (query . key); with softcap c > 0,
+// x = c * tanh(x / c) (Gemma 2's logit softcapping); with window W > 0, the query at position p
+// sees keys j in (p - W, p] only (transformers' sliding-window mask), else all j <= p. Keys
+// outside are skipped, never weighted by zero: their blocks may have been freed and reused.
+struct Scoring {
+  float scale;
+  float softcap;   // 0: none
+  int64_t window;  // 0: none
+};
+
+// The first key position the query at `position` sees.
+inline int64_t first_visible(int64_t position, int64_t window) {
+  return window > 0 ? std::max<int64_t>(position - window + 1, 0) : 0;
+}
+
+// c * tanh(x / c) per lane, c > 0, with tanh(y) = 1 - 2 / (e^(2y) + 1): exact at the
+// saturated ends (exp clamps, so no inf / inf), ~1e-7 absolute error near 0.
+inline __m512 softcapped(__m512 x, float cap) {
+  const __m512 e = exp(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / cap)));
+  const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                                 _mm512_div_ps(_mm512_set1_ps(2.0f),
+                                               _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  return _mm512_mul_ps(t, _mm512_set1_ps(cap));
+}
 
 // Work item: request d's kv heads [kv_begin, kv_end), with the query heads that read them.
 struct Item {
@@ -66,16 +93,25 @@ V* grown(std::vector<V>& buffer, int64_t size) {
   return buffer.data();
 }
 
-// offsets[t] for t in [0, length): where position t's slot row starts, in elements.
-// [length, padded): position 0's row again, so that a tail tile reads valid memory (the
-// scores of those lanes are dropped, their probabilities are zero).
-inline void slot_offsets(const int64_t* table, int64_t length, int64_t padded, const Shape& s,
-                  int64_t* offsets) {
-  int64_t t = 0;
-  for (int64_t b = 0; t < length; ++b)
-    for (int64_t i = 0; i < s.block_size && t < length; ++i, ++t)
-      offsets[t] = (table[b] * s.block_size + i) * s.slot_stride;
-  for (; t < padded; ++t) offsets[t] = offsets[0];
+// An item reads positions [begin, begin + padded) of which [first, length) are visible:
+//   offsets[u] = where position begin + u's slot row starts, in elements, for begin + u in
+//   [from, length), from = max(begin, the start of first's block): rows of first's block
+//   before it are read as they are (an AMX tile loads 16 rows of one block from its first).
+//   Every other u (before from: rows of blocks wholly outside the window, which may have been
+//   freed; from length on: a tail tile) gets position first's row, so that every read is of
+//   valid memory. The scores of lanes outside [first, length) are dropped, their
+//   probabilities are zero (first = begin = 0 without a window).
+inline void slot_offsets(const int64_t* table, int64_t begin, int64_t first, int64_t length,
+                         int64_t padded, const Shape& s, int64_t* offsets) {
+  const int64_t from = std::max(begin, first / s.block_size * s.block_size);
+  const int64_t fill = (table[first / s.block_size] * s.block_size + first % s.block_size) *
+                       s.slot_stride;
+  int64_t u = 0;
+  for (; begin + u < from; ++u) offsets[u] = fill;
+  for (int64_t b = from / s.block_size, i = from % s.block_size; begin + u < length; ++b, i = 0)
+    for (; i < s.block_size && begin + u < length; ++i, ++u)
+      offsets[u] = (table[b] * s.block_size + i) * s.slot_stride;
+  for (; u < padded; ++u) offsets[u] = fill;
 }
 
 // Software prefetch running ahead of an item's reads, over a "stream" of rows: the keys of

@@ -3,7 +3,9 @@
 // Chunk c's query rows [query_start, query_start + query_len) sit at positions
 // [start, start + query_len) of their request; query position p attends to key positions
 // [0, p] (the prefix already in the cache and the chunk's own keys, which store_kv wrote
-// before this call). Query head q reads kv head q / group, as in HF's GQA.
+// before this call). Query head q reads kv head q / group, as in HF's GQA. Under a sliding
+// window W > 0 it sees only (p - W, p], and a softcap c > 0 caps the scaled scores to
+// c * tanh(score / c) before the softmax (Scoring in paged_attention_common.h).
 //
 // Why it is shaped this way: at 2,048 tokens attention is most of a prefill (torch's CPU
 // flash attention took 34 ms a layer of SmolLM2's 47 on an AVX512-BF16 machine without AMX,
@@ -21,7 +23,10 @@
 //    took one 2,048-token SmolLM2 layer from 11.0 to 8.9-9.9 ms on a 2-core EPYC.)
 //  - Probabilities are rounded to bf16 before the value product, as torch's flash attention
 //    does for bf16; their sum is kept in fp32 before rounding.
-//  - Only key blocks a pass's last row can see are read; the diagonal block is masked.
+//  - Only key blocks a pass's rows can see are read: up to its last row's diagonal block
+//    (masked), from its first row's window on (the window's edge block masked). A chunk's keys
+//    before its first query's window are neither packed nor read (their cache blocks may have
+//    been freed): a small window over a long prefix costs only the window.
 //  - Items go longest first under a dynamic schedule: causal rows differ in length.
 #include <omp.h>
 
@@ -34,10 +39,15 @@
 #include <vector>
 
 #include "kernels.h"
+#include "paged_attention_common.h"
 #include "vec.h"
 
 namespace meterserve {
 namespace {
+
+using attention::first_visible;
+using attention::Scoring;
+using attention::softcapped;
 
 constexpr int kKeyBlock = 32;   // keys per softmax step: two score vectors per row
 constexpr int kPassRows = 32;   // query rows per work item (several passes)
@@ -46,9 +56,12 @@ struct Geometry {
   int64_t num_heads, num_kv_heads, group, head_dim, block_size, slot_stride, query_stride;
 };
 
+// Key blocks [first_block, ceil(context / 32)) are packed, from the one holding first_key,
+// the first key the chunk's first query sees (0 without a window).
 struct ChunkView {
   int64_t query_start, query_len, start, out_row, context, packed;  // packed: u32 offset
   const int64_t* table;
+  int64_t first_key, first_block;
 };
 
 struct Item {
@@ -57,9 +70,13 @@ struct Item {
 
 inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// Key and value blocks of one (chunk, kv head), each context_padded * head_dim / 2 words.
+inline int64_t num_key_blocks(const ChunkView& c) {
+  return round_up(c.context, kKeyBlock) / kKeyBlock - c.first_block;
+}
+
+// Key and value blocks of one (chunk, kv head), each num_key_blocks * 32 * head_dim / 2 words.
 inline int64_t packed_words(const ChunkView& c, const Geometry& g) {
-  return round_up(c.context, kKeyBlock) * g.head_dim / 2;
+  return num_key_blocks(c) * kKeyBlock * g.head_dim / 2;
 }
 
 // rows[r] lane c -> rows[c] lane r: a 16 x 16 transpose of 32-bit elements (16 unpacks of
@@ -94,19 +111,20 @@ inline __m512i load_or_zero(const void* p) {
 
 // Repack key block kb (positions [32 kb, 32 kb + 32)) of kv head h: keys into tiles
 // kp[tile][pair c][lane] = (k[2c], k[2c + 1]) of position 16 tile + lane, values into
-// vp[j][d] = (v_{2j}[d], v_{2j+1}[d]); positions past the context are zeros. Vectorized: a
+// vp[j][d] = (v_{2j}[d], v_{2j+1}[d]) (kp, vp: the chunk's packed block first_block);
+// positions before first_key or past the context are zeros, not read. Vectorized: a
 // tile's keys are 16 x 16 transposes of 32-bit pairs, a position pair's values two-row word
 // interleaves (scalar, packing was most of a step of short chunks over long cached prefixes).
 void pack_block(const bf16* key_cache, const bf16* value_cache, const ChunkView& c, int64_t h,
                 int64_t kb, const Geometry& g, uint32_t* kp, uint32_t* vp) {
   const int64_t pairs = g.head_dim / 2;
-  uint32_t* keys = kp + kb * kKeyBlock * pairs;
-  uint16_t* values = reinterpret_cast<uint16_t*>(vp + kb * kKeyBlock * pairs);
+  uint32_t* keys = kp + (kb - c.first_block) * kKeyBlock * pairs;
+  uint16_t* values = reinterpret_cast<uint16_t*>(vp + (kb - c.first_block) * kKeyBlock * pairs);
   const uint32_t* key_rows[kKeyBlock];
   const uint16_t* value_rows[kKeyBlock];
   for (int64_t i = 0; i < kKeyBlock; ++i) {
     const int64_t t = kb * kKeyBlock + i;
-    if (t >= c.context) {
+    if (t < c.first_key || t >= c.context) {
       key_rows[i] = nullptr, value_rows[i] = nullptr;
       continue;
     }
@@ -155,13 +173,19 @@ inline __mmask16 visible(int64_t key0, int64_t position) {
   return lanes(std::max<int64_t>(position - key0 + 1, 0));
 }
 
-// One pass: R query rows through key blocks [0, num_blocks). queries[r] points at row r's
-// bf16 query (as pairs), positions[r] is its position, out[r] its output (nullptr: a padding
-// row, computed and dropped).
+// Lanes of a 16-key score vector whose keys (first at key0) are at or after `first`.
+inline __mmask16 from_key(int64_t key0, int64_t first) {
+  return static_cast<__mmask16>(~lanes(std::max<int64_t>(first - key0, 0)));
+}
+
+// One pass: R query rows through key blocks [kb_begin, kb_end), kp / vp pointing at block
+// kb_begin's packed keys and values. queries[r] points at row r's bf16 query (as pairs),
+// positions[r] is its position, out[r] its output (nullptr: a padding row, computed and
+// dropped).
 template <int D, int R>
 void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)[R],
-                 int64_t num_blocks, const uint32_t* kp, const uint32_t* vp, float scale,
-                 bf16* const (&out)[R]) {
+                 int64_t kb_begin, int64_t kb_end, const uint32_t* kp, const uint32_t* vp,
+                 const Scoring& scoring, bf16* const (&out)[R]) {
   constexpr int kPairs = D / 2, kOut = D / 16;
   __m512 acc[R][kOut];
   float row_max[R];
@@ -171,11 +195,15 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
     row_max[r] = -std::numeric_limits<float>::infinity();
     _mm512_store_ps(row_sums[r], _mm512_setzero_ps());
   }
-  int64_t lowest = positions[0];
-  for (int r = 1; r < R; ++r) lowest = std::min(lowest, positions[r]);
+  int64_t lowest = positions[0], highest = positions[0];
+  for (int r = 1; r < R; ++r) {
+    lowest = std::min(lowest, positions[r]);
+    highest = std::max(highest, positions[r]);
+  }
+  const float scale = scoring.scale;
   alignas(64) uint32_t probs[R][16];
-  for (int64_t kb = 0; kb < num_blocks; ++kb) {
-    const uint32_t* tile0 = kp + kb * kKeyBlock * kPairs;
+  for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+    const uint32_t* tile0 = kp + (kb - kb_begin) * kKeyBlock * kPairs;
     const uint32_t* tile1 = tile0 + 16 * kPairs;
     __m512 score[R][2];
     for (int r = 0; r < R; ++r) score[r][0] = score[r][1] = _mm512_setzero_ps();
@@ -191,12 +219,26 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
     }
     const int64_t key0 = kb * kKeyBlock;
     const bool diagonal = key0 + kKeyBlock - 1 > lowest;
+    // The block starts before some row's window: its keys there are masked out.
+    const bool edge = key0 < first_visible(highest, scoring.window);
     const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int r = 0; r < R; ++r) {
       __mmask16 m0 = 0xFFFF, m1 = 0xFFFF;
       if (diagonal) m0 = visible(key0, positions[r]), m1 = visible(key0 + 16, positions[r]);
-      const __m512 x0 = _mm512_mask_mul_ps(minus_inf, m0, score[r][0], _mm512_set1_ps(scale));
-      const __m512 x1 = _mm512_mask_mul_ps(minus_inf, m1, score[r][1], _mm512_set1_ps(scale));
+      if (edge) {
+        const int64_t first = first_visible(positions[r], scoring.window);
+        m0 &= from_key(key0, first), m1 &= from_key(key0 + 16, first);
+      }
+      __m512 x0, x1;
+      if (scoring.softcap > 0) {
+        const __m512 s0 = _mm512_mul_ps(score[r][0], _mm512_set1_ps(scale));
+        const __m512 s1 = _mm512_mul_ps(score[r][1], _mm512_set1_ps(scale));
+        x0 = _mm512_mask_mov_ps(minus_inf, m0, softcapped(s0, scoring.softcap));
+        x1 = _mm512_mask_mov_ps(minus_inf, m1, softcapped(s1, scoring.softcap));
+      } else {
+        x0 = _mm512_mask_mul_ps(minus_inf, m0, score[r][0], _mm512_set1_ps(scale));
+        x1 = _mm512_mask_mul_ps(minus_inf, m1, score[r][1], _mm512_set1_ps(scale));
+      }
       const float block_max = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
       // A block that does not raise the row's max (most, past the first few) needs no
       // rescale; a row that sees none of the block (-inf max) keeps its state.
@@ -213,7 +255,7 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
                       _mm512_add_ps(_mm512_load_ps(row_sums[r]), _mm512_add_ps(e0, e1)));
       _mm512_store_si512(probs[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
     }
-    const uint32_t* values = vp + kb * kKeyBlock * kPairs;
+    const uint32_t* values = vp + (kb - kb_begin) * kKeyBlock * kPairs;
     for (int j = 0; j < 16; ++j) {  // positions 2j, 2j + 1 of the block
       __m512bh v_pairs[kOut];
       for (int v = 0; v < kOut; ++v)
@@ -232,10 +274,10 @@ void attend_pass(const uint32_t* const (&queries)[R], const int64_t (&positions)
 }
 
 // Rows [item.row_begin, item.row_end) of one (chunk, kv head), R at a time; a short last pass
-// repeats its last row.
+// repeats its last row. kp / vp: the chunk's packed block first_block.
 template <int D, int R>
 void attend_item(const bf16* query, const ChunkView& c, const Item& item, const Geometry& g,
-                 const uint32_t* kp, const uint32_t* vp, float scale, bf16* out) {
+                 const uint32_t* kp, const uint32_t* vp, const Scoring& scoring, bf16* out) {
   for (int64_t r0 = item.row_begin; r0 < item.row_end; r0 += R) {
     const uint32_t* rows[R];
     int64_t positions[R];
@@ -250,11 +292,15 @@ void attend_item(const bf16* query, const ChunkView& c, const Item& item, const 
                                       : nullptr;
     }
     const int64_t last = c.start + (std::min(r0 + R, item.row_end) - 1) / g.group;
-    attend_pass<D, R>(rows, positions, last / kKeyBlock + 1, kp, vp, scale, outs);
+    const int64_t kb_begin = first_visible(c.start + r0 / g.group, scoring.window) / kKeyBlock;
+    const int64_t skipped = (kb_begin - c.first_block) * kKeyBlock * (D / 2);
+    attend_pass<D, R>(rows, positions, kb_begin, last / kKeyBlock + 1, kp + skipped,
+                      vp + skipped, scoring, outs);
   }
 }
 
-std::vector<Item> work_items(const std::vector<ChunkView>& chunks, const Geometry& g) {
+std::vector<Item> work_items(const std::vector<ChunkView>& chunks, const Geometry& g,
+                             int64_t window) {
   std::vector<Item> items;
   for (int64_t ci = 0; ci < static_cast<int64_t>(chunks.size()); ++ci)
     for (int64_t h = 0; h < g.num_kv_heads; ++h) {
@@ -262,10 +308,15 @@ std::vector<Item> work_items(const std::vector<ChunkView>& chunks, const Geometr
       for (int64_t r = 0; r < rows; r += kPassRows)
         items.push_back({ci, h, r, std::min(r + kPassRows, rows)});
     }
-  // Longest first: an item's work grows with its chunk's start and its last row.
-  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
-    return chunks[a.chunk].start + a.row_end / g.group > chunks[b.chunk].start + b.row_end / g.group;
-  });
+  // Longest first: an item's work grows with the keys it reads, from its first row's window
+  // (0 without one) to its last row.
+  auto keys_read = [&](const Item& item) {
+    const ChunkView& c = chunks[item.chunk];
+    const int64_t first = first_visible(c.start + item.row_begin / g.group, window);
+    return c.start + item.row_end / g.group - first;
+  };
+  std::sort(items.begin(), items.end(),
+            [&](const Item& a, const Item& b) { return keys_read(a) > keys_read(b); });
   return items;
 }
 
@@ -304,13 +355,14 @@ thread_local PackedBuffer packed_buffer;
 
 template <int D, int R>
 void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
-         std::vector<ChunkView>& chunks, const Geometry& g, float scale, bf16* out) {
+         std::vector<ChunkView>& chunks, const Geometry& g, const Scoring& scoring, bf16* out) {
   int64_t words = 0;
-  std::vector<std::pair<int64_t, int64_t>> blocks;  // (chunk, kv head * num_blocks + block)
+  // (chunk, kv head * num_key_blocks + packed block), packed block = block - first_block
+  std::vector<std::pair<int64_t, int64_t>> blocks;
   for (int64_t ci = 0; ci < static_cast<int64_t>(chunks.size()); ++ci) {
     chunks[ci].packed = words;
     words += 2 * g.num_kv_heads * packed_words(chunks[ci], g);
-    const int64_t num_blocks = round_up(chunks[ci].context, kKeyBlock) / kKeyBlock;
+    const int64_t num_blocks = num_key_blocks(chunks[ci]);
     for (int64_t b = 0; b < g.num_kv_heads * num_blocks; ++b) blocks.emplace_back(ci, b);
   }
   // 64-byte aligned words for the aligned vector loads, kept between calls and never
@@ -318,7 +370,7 @@ void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
   // zero-filled buffer per call (one per layer) cost a page fault per 4 KiB of packed keys
   // and values, most of a step whose short chunks read long cached prefixes.
   uint32_t* packed = reinterpret_cast<uint32_t*>(packed_buffer.get((words + 15) / 16));
-  const std::vector<Item> items = work_items(chunks, g);
+  const std::vector<Item> items = work_items(chunks, g, scoring.window);
   auto key_base = [&](const ChunkView& c, int64_t h) {
     return packed + c.packed + 2 * h * packed_words(c, g);
   };
@@ -327,8 +379,9 @@ void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
       const ChunkView& c = chunks[blocks[i].first];
-      const int64_t num_blocks = round_up(c.context, kKeyBlock) / kKeyBlock;
-      const int64_t h = blocks[i].second / num_blocks, kb = blocks[i].second % num_blocks;
+      const int64_t num_blocks = num_key_blocks(c);
+      const int64_t h = blocks[i].second / num_blocks;
+      const int64_t kb = c.first_block + blocks[i].second % num_blocks;
       uint32_t* kp = key_base(c, h);
       pack_block(key_cache, value_cache, c, h, kb, g, kp, kp + packed_words(c, g));
     }
@@ -337,7 +390,7 @@ void run(const bf16* query, const bf16* key_cache, const bf16* value_cache,
       const Item& item = items[i];
       const ChunkView& c = chunks[item.chunk];
       const uint32_t* kp = key_base(c, item.kv_head);
-      attend_item<D, R>(query, c, item, g, kp, kp + packed_words(c, g), scale, out);
+      attend_item<D, R>(query, c, item, g, kp, kp + packed_words(c, g), scoring, out);
     }
   }
   packed_buffer.trim();
@@ -349,21 +402,24 @@ void paged_prefill_attention(const bf16* query, int64_t query_stride, const bf16
                              const bf16* value_cache, const int64_t* block_tables,
                              int64_t max_blocks, const int64_t* spans, int64_t num_chunks,
                              bf16* out, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, int64_t block_size, float scale) {
+                             int64_t head_dim, int64_t block_size, float scale,
+                             int64_t sliding_window, float softcap) {
   const Geometry g{num_heads,  num_kv_heads, num_heads / num_kv_heads, head_dim,
                    block_size, num_kv_heads * head_dim, query_stride};
   std::vector<ChunkView> chunks;
   int64_t out_row = 0;
   for (int64_t i = 0; i < num_chunks; ++i) {
     const int64_t* span = spans + 3 * i;  // query_start, query_len, start_position
+    const int64_t first_key = first_visible(span[2], sliding_window);
     chunks.push_back({span[0], span[1], span[2], out_row, span[2] + span[1], 0,
-                      block_tables + i * max_blocks});
+                      block_tables + i * max_blocks, first_key, first_key / kKeyBlock});
     out_row += span[1];
   }
+  const Scoring scoring{scale, softcap, sliding_window};
   if (head_dim == 64)
-    run<64, 4>(query, key_cache, value_cache, chunks, g, scale, out);
+    run<64, 4>(query, key_cache, value_cache, chunks, g, scoring, out);
   else
-    run<128, 2>(query, key_cache, value_cache, chunks, g, scale, out);
+    run<128, 2>(query, key_cache, value_cache, chunks, g, scoring, out);
 }
 
 }  // namespace meterserve
