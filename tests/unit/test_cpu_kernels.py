@@ -185,6 +185,39 @@ def test_amx_linear_matches_fp32_matmul(rows) -> None:
     )
 
 
+def test_amx_grouped_linear_is_amx_linear_per_expert() -> None:
+    """Each group's rows equal the fp32 reference, and those of groups over 4 rows (on the
+    tiles) equal amx_linear over that expert alone, bit for bit; groups of 1-4 rows take the
+    vector path. Groups of 0, 1, 3, 4, 5, 31, 33 and 70 rows, experts out of order and
+    repeated."""
+    if not kernels.amx_available():
+        pytest.skip("no AMX on this CPU")
+    torch.manual_seed(3)
+    weights = [torch.randn(64, 96, dtype=torch.bfloat16) for _ in range(5)]
+    packed = torch.stack([kernels.amx_pack_weight(w) for w in weights])
+    plan = [(3, 1), (0, 0), (2, 3), (0, 4), (1, 5), (1, 31), (4, 33), (3, 70)]  # (expert, rows)
+    total = sum(n for _, n in plan)
+    x = torch.randn(total + 32, 96, dtype=torch.bfloat16)
+    groups, first = [], 0
+    for e, n in plan:
+        groups.append((e, first, n))
+        first += n
+    got = kernels.amx_grouped_linear(x, packed, torch.tensor(groups))
+    assert got.shape == (total, 64)
+    for e, first, n in groups:
+        if n:
+            rows = x[first : first + n]
+            alone = kernels.amx_linear(rows, kernels.amx_pack_weight(weights[e]), None)
+            if n > 4:
+                assert torch.equal(got[first : first + n], alone)
+            want = (rows.float() @ weights[e].float().T).bfloat16()
+            torch.testing.assert_close(got[first : first + n], want, atol=1e-2, rtol=1e-2)
+    with pytest.raises(RuntimeError, match="disjoint"):
+        kernels.amx_grouped_linear(x, packed, torch.tensor([(0, 5, 4), (1, 0, 4)]))
+    with pytest.raises(RuntimeError, match="padding"):
+        kernels.amx_grouped_linear(x[:10], packed, torch.tensor([(0, 0, 1)]))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_argmax_rows_takes_the_first_maximum_like_torch(dtype) -> None:
     torch.manual_seed(9)
@@ -275,6 +308,9 @@ def gil_free_calls() -> dict:
     if kernels.amx_available():
         ops["amx_pack_weight"] = (weight,)
         ops["amx_linear"] = (rows, kernels.amx_pack_weight(weight), None)
+        experts = kernels.amx_pack_weight(weight).unsqueeze(0)
+        padded = torch.cat([rows, rows[:32]])
+        ops["amx_grouped_linear"] = (padded, experts, torch.tensor([[0, 0, rows.shape[0]]]))
     return {name: functools.partial(getattr(kernels, name), *args) for name, args in ops.items()}
 
 
@@ -292,6 +328,7 @@ GIL_FREE_OPS = [
     "draw_whole",
     "amx_pack_weight",
     "amx_linear",
+    "amx_grouped_linear",
 ]
 
 

@@ -79,6 +79,36 @@ torch::Tensor amx_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
+torch::Tensor amx_grouped_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
+                                    const torch::Tensor& groups) {
+  TORCH_CHECK(amx_available(), "AMX is not available to this process");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+              "x must be contiguous bfloat16 [R, K]");
+  TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == torch::kBFloat16 &&
+                  packed.is_contiguous() && packed.size(3) == 16 && packed.size(4) == 16 &&
+                  packed.size(5) == 2,
+              "packed must be [E, ...] of amx_pack_weight layouts");
+  TORCH_CHECK(groups.dim() == 2 && groups.size(1) == 3 && groups.scalar_type() == torch::kInt64 &&
+                  groups.is_contiguous(),
+              "groups must be int64 [G, 3]: (expert, first_row, num_rows)");
+  const int64_t K = x.size(1), N = packed.size(1) * 16, E = packed.size(0);
+  TORCH_CHECK(packed.size(2) * 32 == K, "amx_grouped_linear: K of x and weight differ");
+  const int64_t rows = x.size(0) - 32;
+  TORCH_CHECK(rows >= 0, "x needs 32 rows of padding after its last row");
+  const int64_t* g = data<int64_t>(groups);
+  int64_t next = 0;
+  for (int64_t i = 0; i < groups.size(0); ++i) {
+    TORCH_CHECK(g[3 * i] >= 0 && g[3 * i] < E, "group expert out of range");
+    TORCH_CHECK(g[3 * i + 1] >= next && g[3 * i + 2] >= 0 && g[3 * i + 1] + g[3 * i + 2] <= rows,
+                "groups must hold disjoint, increasing row ranges inside x");
+    next = g[3 * i + 1] + g[3 * i + 2];
+  }
+  auto out = torch::empty({rows, N}, x.options());
+  amx_grouped_linear(data<bf16>(x), data<bf16>(packed), g, groups.size(0), data<bf16>(out), N,
+                     K);
+  return out;
+}
+
 torch::Tensor argmax_rows_op(const torch::Tensor& logits) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0 &&
                   logits.size(1) < (int64_t(1) << 31),
@@ -331,6 +361,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
   m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout", without_gil);
   m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16",
+        without_gil);
+  m.def("amx_grouped_linear", &amx_grouped_linear_op,
+        "groups of rows of x @ their expert's weight.T on AMX tiles (a MoE layer's experts)",
         without_gil);
   m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row", without_gil);
   m.def("top_candidates", &top_candidates_op,

@@ -27,6 +27,15 @@ bool amx_available();
 void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
                 int64_t padded_rows, int64_t N, int64_t K);
 
+// A mixture-of-experts layer's products in one call: group g = (expert, first_row, num_rows)
+// multiplies rows [first_row, first_row + num_rows) of x by expert `expert`'s weight,
+// out[r, n] = x[r, :] . weight_expert[n, :], each row exactly as amx_linear computes it. x is
+// [R + 32, K] (32 rows of padding after the last group's rows); packed is [E, ...] with each
+// expert in amx_linear's tile layout; the groups' rows are disjoint. All groups share one
+// parallel region, so the threads stream every expert's tiles back to back.
+void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups,
+                        int64_t num_groups, bf16* out, int64_t N, int64_t K);
+
 enum class QuantKind : int { kQ4_1 = 0, kQ8_0 = 1 };
 
 // A [N, K] weight in 32-weight blocks along K: codes [N, K / 32, 16] (Q4_1: nibbles, ggml
