@@ -14,13 +14,14 @@ import time
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.kv_budget import choose_num_blocks
+from engine.kv_budget import choose_num_blocks, request_token_capacity
 from engine.loader import load_checkpoint
 from engine.meter.config import MeterConfig
 from engine.meter.cost_model import ChunkWork, CostModel, ModelShape
 from engine.meter.meter import NO_CHARGE, Meter, StepCharge
 from engine.meter.peaks import resolve_peaks
 from engine.model_runner import ModelRunner
+from engine.sliding_windows import layer_windows, uniform_window
 from engine.stats import KVCacheInfo, StepStats
 from engine.thread_governor import governor_for
 from kvcache.kv_cache_manager import KVCacheManager
@@ -44,6 +45,7 @@ class ExecuteResult:
     runner_output: RunnerOutput
     failed: dict[str, str]  # request_id -> error message
     num_forward_passes: int
+    num_experts_run: int = 0  # distinct (layer, expert) pairs run, over the passes (MoE)
 
 
 class EngineCore:
@@ -59,20 +61,38 @@ class EngineCore:
             checkpoint.config, checkpoint.tokenizer, checkpoint.generation_config
         )
         self.runner = ModelRunner(config, checkpoint, self.max_model_len)
+        # A window shared by every layer lets the KV cache free what no query sees any more,
+        # behind a reserved null block (kvcache/window.py).
+        self.sliding_window = uniform_window(layer_windows(checkpoint.config))
+        num_reserved = 0 if self.sliding_window is None else 1
         bytes_per_block = self.runner.kv_bytes_per_block()
-        num_blocks = choose_num_blocks(config, bytes_per_block)
-        self.kv_cache_info = KVCacheInfo(config.block_size, num_blocks, bytes_per_block)
+        num_blocks = choose_num_blocks(config, bytes_per_block, num_reserved)
+        self.kv_cache_info = KVCacheInfo(
+            config.block_size, num_blocks, bytes_per_block, num_reserved
+        )
         self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=self.max_model_len,
-                policy=config.scheduling_policy,
-                long_prefill_token_threshold=_long_prefill_threshold(config),
-            ),
-            self.kv_cache,
+        self.kv_cache = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, self.sliding_window
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            policy=config.scheduling_policy,
+            long_prefill_token_threshold=_long_prefill_threshold(config),
+        )
+        self.scheduler = Scheduler(scheduler_config, self.kv_cache)
+        # Prompt + output tokens the KV cache holds for one request (None: unbounded under
+        # the window), and what one request may use: that within the context.
+        self.kv_tokens_per_request = request_token_capacity(
+            self.kv_cache.num_usable_blocks,
+            config.block_size,
+            self.sliding_window,
+            scheduler_config.max_request_step_tokens,
+        )
+        capacity = self.kv_tokens_per_request
+        self.max_request_tokens = (
+            self.max_model_len if capacity is None else min(self.max_model_len, capacity)
         )
         self.model_shape = ModelShape.from_hf_config(
             checkpoint.config, self.runner.dtype_bytes, self.runner.num_params
@@ -118,10 +138,11 @@ class EngineCore:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; the context is {self.max_model_len}"
             )
-        if total > self.kv_cache_info.max_tokens:
+        capacity = self.kv_tokens_per_request
+        if capacity is not None and total > capacity:
             raise ValueError(
                 f"prompt ({len(prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds the "
-                f"KV cache ({self.kv_cache_info.max_tokens} tokens)"
+                f"KV cache ({capacity} tokens)"
             )
         request = Request(
             request_id=request_id,
@@ -161,7 +182,7 @@ class EngineCore:
             return StepResult(events, stats)
         executed = self._execute(output)
         duration = time.monotonic() - started
-        charge = self._charge(output, duration)
+        charge = self._charge(output, duration, executed.num_experts_run)
         events: list[TokenEvent] = []
         for request_id, error in executed.failed.items():
             events.extend(self.scheduler.fail_requests([request_id], error))
@@ -172,12 +193,13 @@ class EngineCore:
     def _execute(self, output: SchedulerOutput) -> ExecuteResult:
         """Run the step; if it raises, re-run chunk by chunk so only the culprits fail."""
         try:
-            return ExecuteResult(self.runner.execute(output), {}, 1)
+            runner_output = self.runner.execute(output)
+            return ExecuteResult(runner_output, {}, 1, self.runner.num_experts_run)
         except Exception as exc:
             log.exception("model step failed; isolating the failing requests")
             if len(output.chunks) == 1:
                 return ExecuteResult(RunnerOutput(), {output.chunks[0].request_id: _why(exc)}, 1)
-        merged, failed = RunnerOutput(), {}
+        merged, failed, num_experts_run = RunnerOutput(), {}, 0
         for chunk in output.chunks:
             try:
                 single = self.runner.execute(SchedulerOutput(chunks=[chunk]))
@@ -187,11 +209,13 @@ class EngineCore:
             merged.sampled_token_ids.update(single.sampled_token_ids)
             merged.logprobs.update(single.logprobs)
             merged.prompt_logprobs.update(single.prompt_logprobs)
-        return ExecuteResult(merged, failed, 1 + len(output.chunks))
+            num_experts_run += self.runner.num_experts_run
+        return ExecuteResult(merged, failed, 1 + len(output.chunks), num_experts_run)
 
-    def _charge(self, output: SchedulerOutput, duration: float) -> StepCharge:
+    def _charge(self, output: SchedulerOutput, duration: float, num_experts_run: int) -> StepCharge:
         """Meter the step and book each chunk's seconds, FLOPs and bytes on its request."""
-        charge = self.meter.charge_step([_chunk_work(c) for c in output.chunks], duration)
+        works = [_chunk_work(c) for c in output.chunks]
+        charge = self.meter.charge_step(works, duration, num_experts_run)
         for chunk, seconds, flops, nbytes in zip(
             output.chunks,
             charge.chunk_seconds,
@@ -227,6 +251,7 @@ class EngineCore:
             num_preemptions=output.num_preemptions,
             prefix_cache_queried_tokens=output.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=output.prefix_cache_hit_tokens,
+            num_window_freed_blocks=output.num_window_freed_blocks,
             prefill_flops=cost.prefill_flops,
             decode_flops=cost.decode_flops,
             prefill_bytes=cost.prefill_bytes,
@@ -279,12 +304,9 @@ def _why(exc: BaseException) -> str:
 
 
 def _max_model_len(hf_config, configured: int | None) -> int:
+    # Sliding windows do not bound the context: attention honours them
+    # (engine/sliding_windows.py).
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-    # Sliding-window attention is not implemented: cap the context at the window so that
-    # full attention is exactly what the model would compute.
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        limit = min(limit, window)
     if configured is not None:
         if configured > limit:
             raise ValueError(f"max_model_len {configured} exceeds the model's limit {limit}")

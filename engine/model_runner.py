@@ -25,6 +25,7 @@ from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.decode_stack import build_decode_stack
 from engine.models.layer_ops import make_layer_ops
+from engine.models.moe import SparseMoE
 from engine.models.packed_linear import (
     SMALL_BATCH_ROWS,
     PackedLinear,
@@ -66,7 +67,8 @@ def _cpu_has_native_bf16() -> bool:
 
 
 def _count_params(model) -> int:
-    """Parameters of the model, a tied LM head counted once (it is the embedding)."""
+    """Parameters of the model, a tied LM head counted once (it is the embedding). Every
+    expert of a SparseMoE counts (its AMX tile layout holds exactly the expert's values)."""
     tied = model.shape.tie_word_embeddings
     return sum(
         p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight")
@@ -118,6 +120,7 @@ class ModelRunner:
         # Grammar matchers of constrained requests, beside the sampler (same lifetime rule).
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
+        self.num_experts_run = 0  # of the last execute() (a MoE model's expert weight reads)
 
     def _gguf_blocks(self, checkpoint: LoadedCheckpoint) -> dict[torch.nn.Module, RepackedWeight]:
         """Our bias-free linear layers (not packed yet) -> their GGUF blocks in the layout the
@@ -136,9 +139,12 @@ class ModelRunner:
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""
         head = self.model.lm_head
-        body_small = body_large = 0
+        body_small = body_large = expert = 0
         for name, module in self.model.named_modules():
             if module is head or name == "embed_tokens":
+                continue
+            if isinstance(module, SparseMoE):  # its own tensors are the experts; the router
+                expert = module.bytes_per_expert  # is a child linear, in the body
                 continue
             small, large = _module_bytes(module)
             body_small += small
@@ -149,7 +155,7 @@ class ModelRunner:
         stack = self.model.decode_stack  # built with the KV cache: call after allocate_kv_cache
         stack_rows = 0 if stack is None else stack.max_rows
         return WeightBytes(
-            body_small, body_large, head_small, head_large, row, small_rows, stack_rows
+            body_small, body_large, head_small, head_large, row, small_rows, stack_rows, expert
         )
 
     @property
@@ -173,12 +179,15 @@ class ModelRunner:
         self.sampler.forget(output.finished_request_ids)
         self.structured.forget(output.finished_request_ids)
         result = RunnerOutput()
+        self.num_experts_run = 0
         if output.is_empty:
             return result
         self._maybe_inject_fault(output)
         lists = build_lists(output.chunks, self.block_size)
         batch = to_tensors(lists, self.block_size, self.dtype)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
+        # Distinct (layer, expert) pairs the forward ran, for the meter (0: no experts).
+        self.num_experts_run = getattr(self.model, "num_experts_run", 0)
         if any(c.num_prompt_logprob_rows for c in output.chunks):
             result.prompt_logprobs = self._prompt_logprobs(hidden, output.chunks)
         sampling_chunks = [c for c in output.chunks if c.samples]

@@ -10,16 +10,23 @@ class KVCacheInfo:
     """Facts about the KV cache discovered at start-up (returned, never written into config)."""
 
     block_size: int
-    num_blocks: int
+    num_blocks: int  # allocated, the reserved ones included
     bytes_per_block: int
+    num_reserved_blocks: int = 0  # the sliding window's null block: never holds tokens
 
     @property
     def num_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
     @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold (all free once the engine is idle)."""
+        return self.num_blocks - self.num_reserved_blocks
+
+    @property
     def max_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        """Tokens the usable blocks hold, all requests together."""
+        return self.num_usable_blocks * self.block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +56,4 @@ class StepStats:
     prefill_seconds: float
     decode_seconds: float
     num_forward_passes: int  # 1, or more when a fault forced per-request re-execution
+    num_window_freed_blocks: int = 0  # block references a sliding window freed this step

@@ -15,22 +15,31 @@ class BlockPoolError(RuntimeError):
 class BlockPool:
     """Owns blocks 0..num_blocks-1. Invariants (check_invariants() verifies them):
 
-    - free + used = total, where used blocks have ref_count > 0;
-    - ref_count >= 0, and ref_count == 0 <=> the block is in the free queue (exactly once);
-    - the hash map and block.block_hash agree: map[h] is b <=> b.block_hash == h.
+    - free + used + reserved = total, where used blocks have ref_count > 0;
+    - ref_count >= 0, and ref_count == 0 <=> the block is in the free queue (exactly once),
+      except the null block;
+    - the hash map and block.block_hash agree: map[h] is b <=> b.block_hash == h;
+    - the null block (reserve_null_block: block 0) is reserved: ref_count 0, never in the free
+      queue, never cached, never handed out, touched or freed. Block tables put it where a
+      sliding window freed a block; the engine never writes its slots, so they stay zero.
 
     A freed block keeps its hash while it waits in the free queue, so a later request with the
     same prefix can revive it (touch). It is evicted lazily: its hash is dropped only when
     get_new_blocks hands it out for new tokens.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, reserve_null_block: bool = False
+    ) -> None:
+        num_reserved = 1 if reserve_null_block else 0
+        if num_blocks < 1 + num_reserved:
+            raise ValueError(f"num_blocks must be >= {1 + num_reserved}, got {num_blocks}")
         self.num_blocks = num_blocks
+        self.num_usable_blocks = num_blocks - num_reserved  # all but the null block
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.null_block: KVCacheBlock | None = self.blocks[0] if reserve_null_block else None
+        self.free_queue = FreeBlockQueue(self.blocks[num_reserved:])
         self._cached: dict[int, KVCacheBlock] = {}
 
     @property
@@ -40,8 +49,8 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by at least one request, 0..1."""
-        return (self.num_blocks - len(self.free_queue)) / self.num_blocks
+        """Fraction of usable blocks held by at least one request, 0..1."""
+        return (self.num_usable_blocks - len(self.free_queue)) / self.num_usable_blocks
 
     @property
     def num_cached_blocks(self) -> int:
@@ -62,6 +71,8 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Add a reference (a prefix hit); a free cached block leaves the free queue."""
         for block in blocks:
+            if block is self.null_block:
+                raise BlockPoolError("the null block is never touched")
             if block.ref_count == 0:
                 self.free_queue.remove(block)
             block.ref_count += 1
@@ -70,6 +81,8 @@ class BlockPool:
         """Drop one reference each; blocks reaching 0 join the free-queue tail in the given
         order, so the first given is evicted first."""
         for block in blocks_in_eviction_order:
+            if block is self.null_block:
+                raise BlockPoolError("the null block is never freed")
             if block.ref_count <= 0:
                 raise BlockPoolError(f"double free of block {block.block_id}")
             block.ref_count -= 1
@@ -101,7 +114,7 @@ class BlockPool:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Refused (False) while any block is in use, so running
         requests never lose blocks they share through the cache."""
-        if len(self.free_queue) != self.num_blocks:
+        if len(self.free_queue) != self.num_usable_blocks:
             return False
         for block in self._cached.values():
             block.block_hash = None
@@ -121,9 +134,18 @@ class BlockPool:
         free_set = set(free_ids)
         _require(len(free_set) == len(free_ids), f"a block is twice in the free queue: {free_ids}")
         _require(len(free_ids) == len(self.free_queue), "free queue length disagrees with links")
+        null = self.null_block
+        if null is not None:
+            _require(
+                null.ref_count == 0 and null.block_id not in free_set,
+                f"null block {null.block_id}: ref_count {null.ref_count}, or in the free queue",
+            )
+            _require(null.block_hash is None, "the null block is cached")
         used = 0
         for block in self.blocks:
             _require(block.ref_count >= 0, f"block {block.block_id} ref_count {block.ref_count}")
+            if block is null:
+                continue
             in_queue = block.block_id in free_set
             _require(
                 (block.ref_count == 0) == in_queue,
@@ -135,7 +157,8 @@ class BlockPool:
                     self._cached.get(block.block_hash) is block,
                     f"block {block.block_id} has a hash the map does not point back from",
                 )
-        _require(used + len(free_ids) == self.num_blocks, "free + used != total")
+        reserved = self.num_blocks - self.num_usable_blocks
+        _require(used + len(free_ids) + reserved == self.num_blocks, "free + used != total")
         for block_hash, block in self._cached.items():
             _require(block.block_hash == block_hash, f"map entry for block {block.block_id} stale")
         _require(self.enable_caching or not self._cached, "caching disabled but blocks cached")

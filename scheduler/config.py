@@ -27,6 +27,12 @@ class SchedulerConfig:
             self.max_num_batched_tokens,
         )
 
+    @property
+    def max_request_step_tokens(self) -> int:
+        """The most tokens one request computes in one step: a prefill chunk, or with chunked
+        prefill off a whole admitted rest, up to the step budget."""
+        return self.max_chunk_tokens if self.enable_chunked_prefill else self.max_num_batched_tokens
+
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")

@@ -74,6 +74,8 @@ class SchedulerOutput:
     num_preemptions: int = 0  # preemptions made while building this output
     prefix_cache_queried_tokens: int = 0  # prompt tokens looked up at admission this step
     prefix_cache_hit_tokens: int = 0  # of which were found cached
+    # Block references a sliding window dropped while building this output (scheduler rule 9).
+    num_window_freed_blocks: int = 0
     # The engine step this output is (1, 2, ... counting steps that compute something); None
     # for an output that schedules nothing. One step is one forward pass over every chunk.
     step_index: int | None = None

@@ -33,6 +33,12 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
 8. Requests that can never run fail (FINISHED_ERROR) instead of livelocking: one whose tokens
    need more blocks than the whole pool (seen when it alone holds blocks and still cannot
    grow), and, with chunked prefill off, one whose rest exceeds the whole step budget.
+9. Sliding window (KVCacheManager.sliding_window, a fact of the model): before a request's
+   chunk starting at position s gets its blocks, its blocks wholly before position s - W + 1
+   are freed (no query of this or a later chunk sees them), so a request holds at most
+   kvcache.window.max_live_blocks(W, chunk, block_size) blocks however long it runs, and
+   rule 8 compares that, not its length, with the pool. Preemption still frees everything
+   and recomputes from position 0.
 
 Call update(output, runner_output) after every schedule(), even an empty one: requests failed
 inside schedule() deliver their final event through it.
@@ -46,6 +52,7 @@ import time
 from collections.abc import Callable
 
 from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
+from kvcache.window import num_live_blocks
 from scheduler.config import SchedulerConfig
 from scheduler.output import (
     ChunkProgress,
@@ -89,6 +96,7 @@ class Scheduler:
         self._num_steps = 0  # outputs that computed something: SchedulerOutput.step_index
         self._queried_seen = kv_cache.prefix_cache_queried_tokens
         self._hit_seen = kv_cache.prefix_cache_hit_tokens
+        self._window_freed_seen = kv_cache.num_window_freed_blocks
 
     # ----------------------------------------------------------------------------- requests
 
@@ -173,11 +181,13 @@ class Scheduler:
             num_preemptions=len(preempted),
             prefix_cache_queried_tokens=kv.prefix_cache_queried_tokens - self._queried_seen,
             prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens - self._hit_seen,
+            num_window_freed_blocks=kv.num_window_freed_blocks - self._window_freed_seen,
             step_index=self._num_steps if chunks else None,
         )
         self._finished_ids = []
         self._queried_seen = kv.prefix_cache_queried_tokens
         self._hit_seen = kv.prefix_cache_hit_tokens
+        self._window_freed_seen = kv.num_window_freed_blocks
         return output
 
     def _schedule_running(
@@ -215,11 +225,14 @@ class Scheduler:
     def _allocate_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
         """Rule 4: preempt from the tail until `request` fits; False if it was preempted or
         failed (rule 8). Victims are never already scheduled this step: the tail lies at or
-        after the request being scheduled."""
-        while not self.kv_cache.allocate_slots(request.request_id, num_tokens):
+        after the request being scheduled. Rule 9: the chunk starts at num_computed_tokens."""
+        start = request.num_computed_tokens
+        while not self.kv_cache.allocate_slots(
+            request.request_id, num_tokens, num_computed_tokens=start
+        ):
             if len(self._running) == 1:
                 self._running.clear()
-                self._fail_in_schedule(request, self._unfittable_error(request))
+                self._fail_in_schedule(request, self._unfittable_error(request, start, num_tokens))
                 return False
             victim = self._running.pop()
             self._preempt(victim)
@@ -257,7 +270,8 @@ class Scheduler:
                 if self._running:
                     return  # blocks come back as running requests finish
                 self._waiting.pop(request)  # nobody holds blocks, yet it never fits
-                self._fail_in_schedule(request, self._unfittable_error(request))
+                error = self._unfittable_error(request, computed.num_tokens, total)
+                self._fail_in_schedule(request, error)
                 continue
             self._waiting.pop(request)
             self._admit(request, computed)
@@ -312,11 +326,19 @@ class Scheduler:
         first = min(max(start, reported), end)
         return range(first, max(first, min(end, request.num_prompt_tokens - 1)))
 
-    def _unfittable_error(self, request: Request) -> str:
+    def _unfittable_error(self, request: Request, start: int, end: int) -> str:
+        """Why positions [start, end) of a request that alone holds blocks do not fit."""
         kv = self.kv_cache
+        capacity = f"{kv.num_usable_blocks} blocks of {kv.block_size} tokens"
+        if kv.sliding_window is None:
+            return (
+                f"request needs {request.num_tokens} tokens of KV cache but the cache holds "
+                f"only {capacity} ({kv.num_usable_blocks * kv.block_size})"
+            )
+        need = num_live_blocks(start, end, kv.sliding_window, kv.block_size)
         return (
-            f"request needs {request.num_tokens} tokens of KV cache but the cache holds only "
-            f"{kv.num_blocks} blocks of {kv.block_size} tokens ({kv.num_blocks * kv.block_size})"
+            f"request needs {need} KV blocks at once for positions {start}..{end - 1} "
+            f"(sliding window of {kv.sliding_window} tokens) but the cache holds only {capacity}"
         )
 
     def _budget_error(self, request: Request, num_new: int) -> str:

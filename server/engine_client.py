@@ -378,7 +378,11 @@ class EngineClient:
         self.model_name = core.model_name
         self.max_model_len = core.max_model_len
         self.kv_cache_info = core.kv_cache_info
-        self.max_request_tokens = min(core.max_model_len, core.kv_cache_info.max_tokens)
+        # The core says what one request can hold (a sliding window lifts the KV cap); fakes
+        # give only the context and the cache.
+        self.max_request_tokens = getattr(core, "max_request_tokens", None) or min(
+            core.max_model_len, core.kv_cache_info.max_tokens
+        )
         # Token ids index the model's embedding; the tokenizer may know fewer or more ids.
         self.vocab_size = _model_vocab_size(core) or len(core.tokenizer)
         self.structured = getattr(getattr(core, "runner", None), "structured", None)  # fakes: None

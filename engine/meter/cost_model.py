@@ -4,10 +4,21 @@ Counts follow the decoder layer of the llama family (Llama, SmolLM2, Mistral, Qw
 per new token and per layer
 
     QKV projection     2 * hidden * (q_dim + 2 * kv_dim)       q_dim = heads * head_dim
-    attention scores   2 * q_dim * ctx                         ctx = tokens the token attends
+    attention scores   2 * q_dim * ctx                         ctx = tokens the token attends,
     weighted sum       2 * q_dim * ctx                         (causal: token i of a chunk
-    output projection  2 * q_dim * hidden                       starting at s attends s+i+1)
+    output projection  2 * q_dim * hidden                       starting at s attends s+i+1,
+                                                               at most W in a layer with a
+                                                               sliding window of W)
     gated MLP          2 * 3 * hidden * intermediate
+
+A mixture-of-experts layer (Qwen3-MoE, Mixtral: ModelShape.num_moe_layers of the layers)
+replaces the gated MLP with
+
+    router             2 * hidden * num_experts
+    k experts          k * 2 * 3 * hidden * moe_intermediate   k = num_experts_per_tok
+
+so FLOPs count the active parameters: twice ModelShape.active_linear_params per token. They
+are exact: every token runs exactly k experts.
 
 plus the LM head, 2 * hidden * vocab, once per row that produces logits: the last row of each
 chunk that samples, and each prompt-logprob row (SamplingParams.prompt_logprobs: the rows of
@@ -18,17 +29,26 @@ are < 1% of the matmuls for these models.
 Bytes moved per step: every weight matrix is read once per step however many tokens share
 it (that is what batching buys), in the format the kernel that runs it reads (WeightBytes:
 a GGUF model's Q4_1/Q8_0 blocks for matvecs of a few rows, bf16 matrices for larger
-batches), plus each chunk's KV read over its context and KV written for its new tokens, plus
+batches), plus each chunk's KV read over its context (in a windowed layer, from its first
+query's first visible key: the kernels load no key before it) and KV written for its new tokens, plus
 one embedding row per new token. Prompt-logprob rows run the LM head in passes of their own
 (at most LOGIT_ROWS_PER_PASS rows each, apart from the sampling rows' pass), each reading the
 head's weights once more. Activations are not counted: they stay in cache for the batch sizes
 served here.
+
+A MoE layer's experts are read per expert run: the body's weights (WeightBytes.body_*) leave
+the experts out, and a step adds WeightBytes.expert bytes for each distinct (layer, expert)
+pair it ran. Which experts a step runs is known only at run time: the engine passes the
+runner's count (exact); without it (num_experts_run None) the count is modelled as its upper
+bound, min(num_experts, num_tokens * k) per MoE layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+
+from engine.sliding_windows import layer_windows
 
 # Prompt-logprob rows go through the LM head (and a float32 log-softmax) this many at a time,
 # which bounds the logits held at once; each such pass reads the head's weights.
@@ -49,6 +69,16 @@ class ModelShape:
     num_params: int  # every parameter, the tied embedding counted once
     dtype_bytes: int  # of weights and KV cache at run time
     tie_word_embeddings: bool
+    # Mixture of experts (0 for a dense model): num_moe_layers of the layers run a router and
+    # num_experts_per_tok of num_experts experts (gated MLPs of moe_intermediate_size) per
+    # token in place of the dense MLP of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_moe_layers: int = 0
+    # Per layer: its sliding window in tokens, or None for full attention (engine/
+    # sliding_windows.py); () = every layer full.
+    layer_windows: tuple[int | None, ...] = ()
 
     @classmethod
     def from_hf_config(
@@ -70,6 +100,8 @@ class ModelShape:
             num_params=num_params if num_params is not None else 0,
             dtype_bytes=dtype_bytes,
             tie_word_embeddings=tie,
+            **_moe_fields(config),
+            layer_windows=layer_windows(config),
         )
         if num_params is None:
             return replace(shape, num_params=shape.counted_params())
@@ -95,13 +127,56 @@ class ModelShape:
 
     def counted_params(self) -> int:
         """Parameters implied by the dimensions, without biases (Qwen2's QKV biases < 0.1%)."""
-        attention = (
-            self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+        num_dense = self.num_layers - self.num_moe_layers
+        mlps = num_dense * self.dense_mlp_params + self.num_moe_layers * (
+            self.router_params + self.num_experts * self.expert_params
         )
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        layer = attention + mlp + 2 * self.hidden_size  # two RMSNorm weights
+        layers = self.num_layers * (self.attention_params + 2 * self.hidden_size)  # 2 RMSNorms
         num_tables = 1 if self.tie_word_embeddings else 2
-        return self.num_layers * layer + self.hidden_size + num_tables * self.embedding_params
+        return layers + mlps + self.hidden_size + num_tables * self.embedding_params
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's q/k/v and output projections."""
+        return self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+
+    @property
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gate, up and down projections (0 for a dense model)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token runs: num_params less, in each MoE layer, the experts it does
+        not pick (num_experts - num_experts_per_tok of them). num_params for a dense model."""
+        idle = self.num_moe_layers * (self.num_experts - self.num_experts_per_tok)
+        return self.num_params - idle * self.expert_params
+
+    @property
+    def active_linear_params(self) -> int:
+        """The weights of the layers' matmuls one token runs (num_active_params without the
+        embedding, LM head, norms and biases): per token, the layers cost twice this in FLOPs."""
+        num_dense = self.num_layers - self.num_moe_layers
+        moe = self.router_params + self.num_experts_per_tok * self.expert_params
+        return (
+            self.num_layers * self.attention_params
+            + num_dense * self.dense_mlp_params
+            + self.num_moe_layers * moe
+        )
+
+    def num_experts_run(self, num_tokens: int) -> int:
+        """The modelled distinct (layer, expert) pairs a step of num_tokens runs, when the
+        runner does not say: each MoE layer at most min(num_experts, num_tokens * k)."""
+        per_layer = min(self.num_experts, num_tokens * self.num_experts_per_tok)
+        return self.num_moe_layers * per_layer
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -119,7 +194,9 @@ class WeightBytes:
     new tokens; the LM head runs over the sampling rows only. small_batch_rows = 0: no
     small-batch path (plain torch), every pass reads the *_large bytes. A decode-only step of
     at most `decode_stack_rows` rows runs the body in the decode stack, on the small-batch
-    layouts (engine/models/decode_stack.py); 0: no decode stack.
+    layouts (engine/models/decode_stack.py); 0: no decode stack. `expert`: bytes of one
+    expert's weights, read once per step for each (layer, expert) pair the step runs; the
+    body_* figures leave the experts out (0: a dense model).
     """
 
     body_small: float  # every layer (linears, norms) but the embedding and LM head
@@ -129,6 +206,7 @@ class WeightBytes:
     embedding_row: float  # one row of the embedding table, gathered per new token
     small_batch_rows: int = 0
     decode_stack_rows: int = 0
+    expert: float = 0.0
 
     def body(self, num_rows: int, decode_only: bool = False) -> float:
         limit = max(self.small_batch_rows, self.decode_stack_rows if decode_only else 0)
@@ -142,10 +220,13 @@ class WeightBytes:
     @classmethod
     def dense(cls, shape: ModelShape) -> WeightBytes:
         """Every weight in the run-time dtype on every path (plain torch, or no runner)."""
-        body = float(shape.body_params * shape.dtype_bytes)
+        experts = shape.num_moe_layers * shape.num_experts * shape.expert_params
+        body = float((shape.body_params - experts) * shape.dtype_bytes)
         head = float(shape.embedding_params * shape.dtype_bytes)
         row = float(shape.hidden_size * shape.dtype_bytes)
-        return cls(body, body, head, head, row)
+        return cls(
+            body, body, head, head, row, expert=float(shape.expert_params * shape.dtype_bytes)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,28 +277,38 @@ class CostModel:
         self.shape = shape
         self.weight_bytes = weight_bytes if weight_bytes is not None else WeightBytes.dense(shape)
         s = shape
-        # FLOPs per new token of all layers, except attention over the context.
-        self._dense_flops_per_token = (
-            2 * s.num_layers * (s.hidden_size * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden_size)
-            + 2 * s.num_layers * 3 * s.hidden_size * s.intermediate_size
-        )
-        # FLOPs per (token, attended position) pair: QK^T and the weighted sum of V.
-        self._attention_flops_per_pair = 4 * s.num_layers * s.q_dim
+        # FLOPs per new token of all layers, except attention over the context: the matmuls
+        # of the parameters it runs (a MoE layer's router and k experts).
+        self._dense_flops_per_token = 2 * s.active_linear_params
+        # FLOPs per (token, attended position) pair in one layer: QK^T and the weighted sum of V.
+        self._attention_flops_per_pair = 4 * s.q_dim
+        # Layers by window: (window or None, number of layers with it).
+        windows = s.layer_windows or (None,) * s.num_layers
+        self._windows = [(w, windows.count(w)) for w in dict.fromkeys(windows)]
         self._lm_head_flops = 2 * s.hidden_size * s.vocab_size
 
     def chunk_flops(self, chunk: ChunkWork) -> float:
         n, ctx = chunk.num_new_tokens, chunk.context_len
         start = ctx - n
-        # Token i (0-based) of the chunk attends start + i + 1 positions; summed over i:
-        attended_pairs = n * start + n * (n + 1) // 2
+        attended_pairs = sum(count * attended(start, n, window) for window, count in self._windows)
         flops = n * self._dense_flops_per_token + attended_pairs * self._attention_flops_per_pair
         flops += chunk.num_logit_rows * self._lm_head_flops
         return float(flops)
 
-    def step_cost(self, chunks: list[ChunkWork]) -> StepCost:
-        """FLOPs and bytes of one step. The body's weight bytes are split between chunks by
-        new-token share, the sampling pass's LM head equally between the chunks that sample,
-        the prompt-logprob passes' by prompt-logprob row share."""
+    def _kv_read_tokens(self, chunk: ChunkWork) -> int:
+        """Cached positions read over all layers: a windowed layer starts at its first query's
+        first visible key (the kernels never load keys before it)."""
+        start = chunk.context_len - chunk.num_new_tokens
+        return sum(
+            count * (chunk.context_len - first_visible(start, window))
+            for window, count in self._windows
+        )
+
+    def step_cost(self, chunks: list[ChunkWork], num_experts_run: int | None = None) -> StepCost:
+        """FLOPs and bytes of one step. The body's weight bytes (with the experts it ran:
+        num_experts_run distinct (layer, expert) pairs, None: modelled) are split between
+        chunks by new-token share, the sampling pass's LM head equally between the chunks that
+        sample, the prompt-logprob passes' by prompt-logprob row share."""
         flops = [self.chunk_flops(chunk) for chunk in chunks]
         num_tokens = sum(chunk.num_new_tokens for chunk in chunks)
         num_sampling = sum(1 for chunk in chunks if chunk.samples)
@@ -225,8 +316,13 @@ class CostModel:
         weights = self.weight_bytes
         decode_only = all(chunk.is_decode for chunk in chunks)
         body, head = weights.body(num_tokens, decode_only), weights.head(num_sampling)
+        if weights.expert:
+            if num_experts_run is None:
+                num_experts_run = self.shape.num_experts_run(num_tokens)
+            body += num_experts_run * weights.expert
         prompt_head = self._prompt_logprob_head_bytes(num_prompt_rows)
         kv_per_token = self.shape.kv_bytes_per_token
+        kv_per_layer_token = kv_per_token // self.shape.num_layers
         num_bytes = []
         for chunk in chunks:
             share = body * chunk.num_new_tokens / num_tokens if num_tokens else 0.0
@@ -234,7 +330,7 @@ class CostModel:
                 share += head / num_sampling
             if chunk.num_prompt_logprob_rows:
                 share += prompt_head * chunk.num_prompt_logprob_rows / num_prompt_rows
-            kv_read = chunk.context_len * kv_per_token
+            kv_read = self._kv_read_tokens(chunk) * kv_per_layer_token
             kv_written = chunk.num_new_tokens * kv_per_token
             embedding = chunk.num_new_tokens * weights.embedding_row
             num_bytes.append(float(share + kv_read + kv_written + embedding))
@@ -256,3 +352,44 @@ class CostModel:
 
 def _total(values: Any) -> float:
     return float(sum(values))
+
+
+def _moe_fields(config: Any) -> dict[str, int]:
+    """ModelShape's mixture-of-experts fields from an HF config; none for a dense model.
+    Which layers are sparse follows transformers (as engine/models/moe.py's
+    moe_layer_indices, which this module cannot import: it is torch-free): Mixtral every
+    layer; Qwen3-MoE layer i unless i is in mlp_only_layers or (i + 1) % decoder_sparse_step."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "mixtral":
+        num_experts, size = config.num_local_experts, config.intermediate_size
+    elif model_type == "qwen3_moe":
+        num_experts, size = config.num_experts, config.moe_intermediate_size
+    else:
+        return {}
+    if not num_experts:
+        return {}
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    layers = range(config.num_hidden_layers)
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
+        "moe_intermediate_size": size,
+        "num_moe_layers": sum(1 for i in layers if i not in dense and (i + 1) % step == 0),
+    }
+
+
+def attended(start: int, num_new: int, window: int | None) -> int:
+    """(token, key) pairs a chunk's queries attend in one layer: query i (0-based) sits at
+    position start + i and sees start + i + 1 keys, at most window of them."""
+    first, last = start + 1, start + num_new
+    if window is None or last <= window:
+        return (first + last) * num_new // 2
+    if first > window:
+        return num_new * window
+    return (first + window) * (window - first + 1) // 2 + (last - window) * window
+
+
+def first_visible(position: int, window: int | None) -> int:
+    """First key the query at position sees (0 without a window)."""
+    return 0 if window is None else max(0, position - window + 1)

@@ -37,8 +37,11 @@ class Meter:
         self.cost_model = cost_model
         self.peaks = peaks
 
-    def charge_step(self, chunks: list[ChunkWork], duration: float) -> StepCharge:
-        cost = self.cost_model.step_cost(chunks)
+    def charge_step(
+        self, chunks: list[ChunkWork], duration: float, num_experts_run: int | None = None
+    ) -> StepCharge:
+        """num_experts_run: distinct (layer, expert) pairs the step ran (CostModel.step_cost)."""
+        cost = self.cost_model.step_cost(chunks, num_experts_run)
         seconds = split_step_time(
             duration,
             cost.chunk_flops,

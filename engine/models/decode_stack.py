@@ -92,8 +92,16 @@ def _max_rows(linears, kernels) -> int:
 
 
 def _eligible(model, kernels) -> bool:
+    from engine.models.llama import LlamaForCausalLM
+
+    if not isinstance(model, LlamaForCausalLM):  # the native stack runs Llama's layer only
+        return False
+    if not model.shape.plain_llama:  # no sliding window, no Granite multipliers
+        return False
     shape = model.shape
     if kernels is None or model.dtype != torch.bfloat16 or shape.qk_norm:
+        return False
+    if shape.moe_layers:  # the native layer's MLP is dense; a MoE layer routes per token
         return False
     if shape.head_dim % 16 or shape.head_dim > 256:  # paged_decode_attention's head sizes
         return False

@@ -1,10 +1,19 @@
-"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2, Qwen3) over the paged cache.
+"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2, Qwen3, Phi-3/4, Granite)
+over the paged cache.
 
 Family differences are flags read from the HF config:
 - Qwen2: bias on q/k/v projections (`attention_bias`, implied by model_type qwen2);
 - Qwen3: RMSNorm over each head of q and k before RoPE;
+- Mistral, Phi-3, Qwen2/3 with `use_sliding_window`: sliding-window attention on the layers
+  engine/sliding_windows.py names;
+- Phi-3/Phi-4: q/k/v and gate/up stored fused in the checkpoint (loaded as they are);
+- Granite: embedding, attention, residual and logits multipliers;
+- Qwen3-MoE, Mixtral: a sparse mixture-of-experts MLP (engine/models/moe.py) on the layers
+  moe_layer_indices names (Qwen3-MoE's other layers keep a dense MLP), Qwen3-MoE with
+  Qwen3's q/k norm;
 - tied or untied LM head (`tie_word_embeddings`).
-Weights keep Hugging Face names except q/k/v and gate/up, which are fused at load time.
+Weights keep Hugging Face names except q/k/v and gate/up, which are fused at load time (or
+arrive fused).
 
 The model is built on the meta device (shapes only, no memory); load_weights gives every
 parameter its tensor from the checkpoint, already in the serving dtype, one at a time, and a
@@ -27,7 +36,9 @@ from torch import nn
 from engine.attention.metadata import AttentionMetadata
 from engine.models.layer_ops import RotaryInputs, TorchLayerOps
 from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from engine.models.moe import ROUTER_NAMES, SparseMoE, moe_layer_indices
 from engine.quantized_weights import QuantizedTensor
+from engine.sliding_windows import layer_windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +56,36 @@ class LlamaShape:
     attention_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
+    layer_windows: tuple[int | None, ...] = ()  # per layer: sliding window or None (full)
+    # Granite's multipliers (1.0 / None elsewhere): embeddings * embedding_multiplier,
+    # attention scale = attention_multiplier (None: head_dim ** -0.5), each layer's attention
+    # and MLP outputs * residual_multiplier before the residual add, logits / logits_scaling.
+    embedding_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    # Mixture of experts (Qwen3-MoE, Mixtral; 0 / empty elsewhere): the layers whose MLP is a
+    # SparseMoE of num_experts experts of moe_intermediate_size, num_experts_per_tok per token;
+    # the others keep a dense MLP of intermediate_size. norm_topk_prob: renormalize the top-k
+    # routing weights; round_routing_weights: cast them to the model's dtype before scaling
+    # (Qwen3-MoE; Mixtral scales in float32), as transformers does.
+    moe_layers: frozenset[int] = frozenset()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    round_routing_weights: bool = False
+
+    @property
+    def plain_llama(self) -> bool:
+        """No window and no multiplier: the layer the native decode stack runs."""
+        return (
+            all(w is None for w in self.layer_windows)
+            and self.embedding_multiplier == 1.0
+            and self.attention_multiplier is None
+            and self.residual_multiplier == 1.0
+            and self.logits_scaling == 1.0
+        )
 
     @classmethod
     def from_config(cls, config) -> LlamaShape:
@@ -61,13 +102,19 @@ class LlamaShape:
             head_dim=head_dim,
             rms_norm_eps=config.rms_norm_eps,
             attention_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            layer_windows=layer_windows(config),
+            embedding_multiplier=float(getattr(config, "embedding_multiplier", 1.0)),
+            attention_multiplier=getattr(config, "attention_multiplier", None),
+            residual_multiplier=float(getattr(config, "residual_multiplier", 1.0)),
+            logits_scaling=float(getattr(config, "logits_scaling", 1.0)),
+            **_moe_fields(config),
         )
 
 
 class Attention(nn.Module):
-    def __init__(self, shape: LlamaShape, backend, ops) -> None:
+    def __init__(self, shape: LlamaShape, backend, ops, sliding_window: int | None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             shape.num_heads,
@@ -82,7 +129,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, shape.hidden_size, bias=False)
         self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
         self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps) if shape.qk_norm else None
-        self.scale = shape.head_dim**-0.5
+        self.scale = (
+            shape.head_dim**-0.5
+            if shape.attention_multiplier is None
+            else float(shape.attention_multiplier)
+        )
+        self.sliding_window = sliding_window
         self.backend = backend
         self.ops = ops
 
@@ -102,7 +154,9 @@ class Attention(nn.Module):
         qk = self.ops.rotate_heads(qkv, rope, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, key_cache, value_cache, meta, self.scale)
+        out = self.backend.forward(
+            q, k, v, key_cache, value_cache, meta, self.scale, sliding_window=self.sliding_window
+        )
         return self.o_proj.forward(out.reshape(num_tokens, -1))
 
 
@@ -110,14 +164,19 @@ class DecoderLayer(nn.Module):
     """Pre-norm decoder layer carrying the residual stream separately, so that the residual
     add and the next RMSNorm are one operation (ops.add_rms_norm)."""
 
-    def __init__(self, shape: LlamaShape, backend, ops) -> None:
+    def __init__(self, shape: LlamaShape, backend, ops, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.self_attn = Attention(shape, backend, ops)
+        window = shape.layer_windows[index] if shape.layer_windows else None
+        self.self_attn = Attention(shape, backend, ops, window)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.mlp = GatedMLP(shape.hidden_size, shape.intermediate_size, ops)
+        if index in shape.moe_layers:
+            self.mlp = SparseMoE(shape, ops)
+        else:
+            self.mlp = GatedMLP(shape.hidden_size, shape.intermediate_size, ops)
         self.ops = ops
         self.eps = shape.rms_norm_eps
+        self.residual_multiplier = shape.residual_multiplier
 
     def forward(self, hidden, residual, rope, key_cache, value_cache, meta):
         """(output of the previous layer, residual before it) -> the same for this layer.
@@ -132,10 +191,15 @@ class DecoderLayer(nn.Module):
                 hidden, residual, self.input_layernorm.weight, self.eps
             )
         hidden = self.self_attn.forward(hidden, rope, key_cache, value_cache, meta)
+        if self.residual_multiplier != 1.0:  # Granite: residual + output * multiplier
+            hidden = hidden * self.residual_multiplier
         hidden, residual = self.ops.add_rms_norm(
             hidden, residual, self.post_attention_layernorm.weight, self.eps
         )
-        return self.mlp.forward(hidden), residual
+        hidden = self.mlp.forward(hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
+        return hidden, residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -154,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
             size = (shape.vocab_size, shape.hidden_size)
             self.embed_tokens = nn.Embedding(*size, _weight=torch.empty(size))
             self.layers = nn.ModuleList(
-                DecoderLayer(shape, backend, ops) for _ in range(shape.num_layers)
+                DecoderLayer(shape, backend, ops, i) for i in range(shape.num_layers)
             )
             self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
             self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
@@ -166,6 +230,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens.forward(input_ids), None
+        if self.shape.embedding_multiplier != 1.0:  # Granite
+            hidden = hidden * self.shape.embedding_multiplier
         stack = self.decode_stack
         if stack is not None and stack.takes(meta, hidden.shape[0], kv_cache):
             return stack.run(hidden, positions, meta)
@@ -180,7 +246,17 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype; the sampler widens them only when it must."""
-        return self.lm_head.forward(hidden)
+        logits = self.lm_head.forward(hidden)
+        if self.shape.logits_scaling != 1.0:  # Granite
+            logits = logits / self.shape.logits_scaling
+        return logits
+
+    @property
+    def num_experts_run(self) -> int:
+        """Distinct (layer, expert) pairs the last forward ran (each read its expert's weights
+        once); 0 for a dense model."""
+        moe = (layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE))
+        return sum(mlp.num_experts_run for mlp in moe)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Give every parameter its HF-named checkpoint tensor in self.dtype, fusing q/k/v and
@@ -193,6 +269,8 @@ class LlamaForCausalLM(nn.Module):
             return weights[names[name]]
 
         def put(ours: str, sources: tuple[str, ...]) -> None:
+            if ours in names:  # stored fused already, under our name (Phi-3's qkv, gate_up)
+                sources = (ours,)
             target = self.get_parameter(ours)
             tensor = _fuse(ours, [read(s) for s in sources], target.shape, self.dtype)
             module, _, leaf = ours.rpartition(".")
@@ -205,14 +283,22 @@ class LlamaForCausalLM(nn.Module):
         else:
             put("lm_head.weight", ("lm_head.weight",))
         for i in range(self.shape.num_layers):
-            self._load_layer(f"layers.{i}.", put)
+            self._load_layer(f"layers.{i}.", put, read, names.__contains__)
         missing = [n for n, p in self.named_parameters(remove_duplicate=False) if p.is_meta]
         if missing:
             raise ValueError(f"weights missing from checkpoint: {missing[:5]}")
 
-    def _load_layer(self, prefix: str, put) -> None:
+    def _load_layer(self, prefix: str, put, read, has) -> None:
+        mlp = self.get_submodule(f"{prefix}mlp")
+        moe = isinstance(mlp, SparseMoE)
         for ours, sources in LINEAR_SOURCES.items():
+            if moe and ours.startswith("mlp."):
+                continue
             put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
+        if moe:
+            router = next((n for n in ROUTER_NAMES if has(f"{prefix}{n}")), ROUTER_NAMES[0])
+            put(f"{prefix}mlp.gate.weight", (f"{prefix}{router}",))
+            mlp.load(prefix, read, has, self.dtype)
         if self.shape.attention_bias:
             sources = LINEAR_SOURCES["self_attn.qkv_proj"]
             put(f"{prefix}self_attn.qkv_proj.bias", tuple(f"{prefix}{s}.bias" for s in sources))
@@ -233,9 +319,30 @@ class LlamaForCausalLM(nn.Module):
             yield self.lm_head, head
         for i, layer in enumerate(self.layers):
             for ours, sources in LINEAR_SOURCES.items():
+                if isinstance(layer.mlp, SparseMoE) and ours.startswith("mlp."):
+                    continue  # experts and router stay in the serving dtype
                 parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
                 if all(p is not None for p in parts):
                     yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
+
+
+def _moe_fields(config) -> dict:
+    """LlamaShape's mixture-of-experts fields from an HF config (none for a dense model)."""
+    layers = moe_layer_indices(config)
+    if not layers:
+        return {}
+    mixtral = config.model_type == "mixtral"
+    return {
+        "moe_layers": layers,
+        "num_experts": config.num_local_experts if mixtral else config.num_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
+        # Mixtral's intermediate_size is its experts' (it has no dense MLP).
+        "moe_intermediate_size": config.intermediate_size
+        if mixtral
+        else config.moe_intermediate_size,
+        "norm_topk_prob": mixtral or bool(config.norm_topk_prob),
+        "round_routing_weights": not mixtral,
+    }
 
 
 def _fuse(name: str, parts: list[torch.Tensor], shape: torch.Size, dtype) -> torch.Tensor:

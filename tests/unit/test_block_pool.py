@@ -146,3 +146,46 @@ def test_hash_is_deterministic_and_chained() -> None:
     # Pinned values: the same in every process and Python version (no salted str hash).
     assert h == 9603444922966947553
     assert hash_block(h, [5, 6, 7, 8]) == 9122390191182382144
+
+
+# ------------------------------------------------------------------- the null block (windows)
+
+
+def test_null_block_is_reserved_and_never_handed_out() -> None:
+    pool = BlockPool(4, reserve_null_block=True)
+    pool.check_invariants()
+    assert pool.null_block is pool.blocks[0]
+    assert pool.free_queue.block_ids() == [1, 2, 3]
+    assert pool.num_free_blocks == 3 and pool.num_usable_blocks == 3 and pool.usage == 0.0
+    blocks = pool.get_new_blocks(3)
+    pool.check_invariants()
+    assert ids(blocks) == [1, 2, 3] and pool.usage == 1.0
+    with pytest.raises(BlockPoolError, match="only 0 free"):
+        pool.get_new_blocks(1)
+    pool.free_blocks(blocks)
+    pool.check_invariants()
+    assert pool.free_queue.block_ids() == [1, 2, 3]
+    assert pool.reset_prefix_cache() is True  # every usable block is free
+
+
+def test_null_block_is_never_freed_touched_or_cached() -> None:
+    pool = BlockPool(3, reserve_null_block=True)
+    null = pool.null_block
+    assert null is not None
+    with pytest.raises(BlockPoolError, match="never freed"):
+        pool.free_blocks([null])
+    with pytest.raises(BlockPoolError, match="never touched"):
+        pool.touch([null])
+    with pytest.raises(BlockPoolError, match="caching free block 0"):
+        pool.cache_full_block(null, hash_block(None, [1, 2]))
+    pool.check_invariants()
+    with pytest.raises(ValueError, match="num_blocks must be >= 2"):
+        BlockPool(1, reserve_null_block=True)
+
+
+def test_invariants_catch_a_null_block_in_use() -> None:
+    pool = BlockPool(3, reserve_null_block=True)
+    assert pool.null_block is not None
+    pool.null_block.ref_count = 1
+    with pytest.raises(AssertionError, match="null block 0"):
+        pool.check_invariants()

@@ -208,3 +208,90 @@ def test_weight_bytes_dense_is_every_weight_in_the_run_time_dtype():
         2384.0, 2384.0, 160.0, 160.0,
     )  # fmt: skip
     assert dense.head(0) == 0.0 and dense.embedding_row == 16.0
+
+
+# TINY with layer 1 a mixture of experts: a router (8 x 4) and 4 experts of size 6 (3*8*6 =
+# 144 parameters each), 2 per token, in place of its dense MLP (3*8*16 = 384).
+TINY_MOE = dataclasses.replace(
+    TINY,
+    num_params=1272 - 384 + 8 * 4 + 4 * 144,  # 1496
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=6,
+    num_moe_layers=1,
+)
+
+
+def test_moe_flops_count_the_active_parameters():
+    assert TINY_MOE.counted_params() == TINY_MOE.num_params == 1496
+    # A token skips 2 of the 4 experts: 1496 - 2 * 144.
+    assert TINY_MOE.num_active_params == 1208
+    # Its matmuls: attention 2 * 192, layer 0's MLP 384, layer 1's router 32 + 2 experts 288
+    # = 1088, the active parameters without the tied table (80) and the norms (2 * 2 * 8 + 8).
+    assert TINY_MOE.active_linear_params == 1088 == 1208 - 80 - 40
+    decode = ChunkWork(1, 7, samples=True, is_decode=True)
+    # 2 FLOPs per active matmul weight, attention over 7 positions (64 each), the LM head.
+    assert CostModel(TINY_MOE).step_cost([decode]).total_flops == 2 * 1088 + 7 * 64 + 160
+    # Dense TINY: 2 * (2 * 192 + 2 * 384) = 2304 per token, as before.
+    assert TINY.num_active_params == TINY.num_params
+    assert CostModel(TINY).chunk_flops(ChunkWork(1, 1, False, True)) == 2304 + 64
+
+
+def test_moe_bytes_read_only_the_experts_the_step_ran():
+    weights = WeightBytes.dense(TINY_MOE)
+    # The body without the 4 experts: (1496 - 80 - 4 * 144) * 2 bytes; one expert 144 * 2.
+    assert (weights.body(1), weights.expert) == (1680.0, 288.0)
+    model = CostModel(TINY_MOE, weights)
+    prefill = ChunkWork(num_new_tokens=3, context_len=3, samples=True, is_decode=False)
+    kv_and_rows = 3 * 32 + 3 * 32 + 3 * 16  # KV read, KV written, embedding rows
+    for run in (2, 3, 4):  # 3 tokens picked 2 to 4 distinct experts
+        cost = model.step_cost([prefill], num_experts_run=run)
+        assert cost.total_bytes == 1680 + run * 288 + 160 + kv_and_rows
+    # Unknown count: the bound min(4 experts, 3 tokens * 2 picks) per MoE layer.
+    assert model.step_cost([prefill]).total_bytes == 1680 + 4 * 288 + 160 + kv_and_rows
+    decode = ChunkWork(1, 3, samples=True, is_decode=True)
+    assert model.step_cost([decode]).total_bytes == model.step_cost([decode], 2).total_bytes
+    # A dense model ignores the count.
+    assert CostModel(TINY).step_cost([decode], 5) == CostModel(TINY).step_cost([decode])
+
+
+def test_from_hf_config_reads_the_moe_layers():
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    mixtral = ModelShape.from_hf_config(
+        MixtralConfig(num_hidden_layers=3, num_local_experts=8, intermediate_size=32), 2
+    )
+    assert (mixtral.num_experts, mixtral.moe_intermediate_size, mixtral.num_moe_layers) == (
+        8, 32, 3,
+    )  # fmt: skip
+    qwen = Qwen3MoeConfig(
+        num_hidden_layers=4, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=24,
+        mlp_only_layers=[0], decoder_sparse_step=1,
+    )  # fmt: skip
+    shape = ModelShape.from_hf_config(qwen, 2)
+    assert (shape.num_experts, shape.num_experts_per_tok, shape.num_moe_layers) == (16, 4, 3)
+    assert shape.num_params == shape.counted_params()
+    assert ModelShape.from_hf_config(SMOLLM2_135M, 2).num_moe_layers == 0
+
+
+def test_sliding_window_layers_attend_and_read_at_most_the_window() -> None:
+    from engine.meter.cost_model import ChunkWork, CostModel, attended
+
+    # Pairs by hand: a chunk of 4 at positions 6..9 under a window of 5 sees 5 keys each.
+    assert attended(6, 4, 5) == 4 * 5
+    assert attended(0, 4, 5) == 1 + 2 + 3 + 4
+    assert attended(2, 4, 5) == 3 + 4 + 5 + 5
+    assert attended(2, 4, None) == 3 + 4 + 5 + 6
+    full = TINY
+    windowed = dataclasses.replace(full, layer_windows=(5, None))
+    chunk = ChunkWork(num_new_tokens=4, context_len=10, samples=False, is_decode=False)
+    per_pair = 4 * full.q_dim
+    saved_pairs = attended(6, 4, None) - attended(6, 4, 5)
+    assert CostModel(full).chunk_flops(chunk) - CostModel(windowed).chunk_flops(chunk) == (
+        saved_pairs * per_pair
+    )
+    # KV read: the windowed layer starts at position 6 - 5 + 1 = 2, so reads 8 of 10 positions.
+    per_layer_token = full.kv_bytes_per_token // 2
+    full_bytes = CostModel(full).step_cost([chunk]).total_bytes
+    windowed_bytes = CostModel(windowed).step_cost([chunk]).total_bytes
+    assert full_bytes - windowed_bytes == 2 * per_layer_token

@@ -117,3 +117,30 @@ def test_recompute_chunk_of_one_token_at_prompt_end_counts_as_decode_row() -> No
     assert lists.num_decodes == 1
     assert lists.sample_rows == [0, 2, 3]
     assert lists.slot_mapping == [9, 16, 17, 38]
+
+
+def test_tables_with_null_block_placeholders() -> None:
+    """Under a sliding window of 8 the KV cache puts the null block 0 where it freed dead
+    blocks. The lists carry those entries as they are: new tokens never land in them, and the
+    gather / padding treat them as any block (the attention's window masks them).
+
+      E  decode   position 21, table [0, 0, 0, 4, 5, 6] -> slot 6*4+1 = 25, context 22
+      F  prefill  positions 16..18, table [0, 0, 3, 7, 8] -> slots 8*4+0.. = 32, 33, 34
+    """
+    chunks = [
+        _chunk("E", [50], 21, [0, 0, 0, 4, 5, 6], True, 10),
+        _chunk("F", [60, 61, 62], 16, [0, 0, 3, 7, 8], True, 19),
+    ]
+    lists = build_lists(chunks, BLOCK_SIZE)
+    assert lists.positions == [21, 16, 17, 18]
+    assert lists.slot_mapping == [25, 32, 33, 34]
+    assert all(slot >= BLOCK_SIZE for slot in lists.slot_mapping)  # never the null block
+    assert lists.num_decodes == 1 and lists.sample_rows == [0, 3]
+    batch = to_tensors(lists, BLOCK_SIZE)
+    meta = batch.meta
+    assert meta.decode_block_tables.tolist() == [[0, 0, 0, 4, 5, 6]]
+    assert meta.decode_context_lens.tolist() == [22]
+    inf = float("-inf")
+    assert meta.decode_mask[0, 0, 0].tolist() == [0.0] * 22 + [inf] * 2
+    assert meta.prefill_spans.tolist() == [[1, 3, 16]]
+    assert meta.prefill_block_tables.tolist() == [[0, 0, 3, 7, 8]]

@@ -17,8 +17,10 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import (
     AutoModelForCausalLM,
+    GraniteConfig,
     LlamaConfig,
     MistralConfig,
+    Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
@@ -71,6 +73,21 @@ FAMILIES = {
         },
     ),
     "mistral": lambda: MistralConfig(**COMMON, sliding_window=None),
+    # A window of 8 under prompts of up to 30 tokens: every layer slides.
+    "mistral-window": lambda: MistralConfig(**COMMON, sliding_window=8),
+    # Qwen2 with use_sliding_window: full attention below max_window_layers, windows above.
+    "qwen2-window": lambda: Qwen2Config(
+        **COMMON, use_sliding_window=True, sliding_window=6, max_window_layers=1
+    ),
+    # Phi-3 stores q/k/v and gate/up fused; a window on every layer.
+    "phi3": lambda: Phi3Config(**COMMON, sliding_window=8, tie_word_embeddings=False),
+    "granite": lambda: GraniteConfig(
+        **COMMON,
+        embedding_multiplier=4.0,
+        attention_multiplier=0.05,
+        residual_multiplier=0.6,
+        logits_scaling=2.5,
+    ),
     "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True),
 }
@@ -151,7 +168,7 @@ def test_tiny_model_greedy_equals_hugging_face(
     for output, tokens in zip(outputs, expected, strict=True):
         assert output.finish_reason == ("stop" if tokens[-1] == EOS else "length")
     llm.engine.check_invariants()
-    assert llm.engine.num_free_blocks == llm.engine.kv_cache_info.num_blocks
+    assert llm.engine.num_free_blocks == llm.engine.kv_cache_info.num_usable_blocks
 
 
 def test_reference_backend_matches_too(tmp_path: Path) -> None:

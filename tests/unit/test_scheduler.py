@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kvcache.kv_cache_manager import KVCacheManager
+from kvcache.window import max_live_blocks
 from scheduler.config import SchedulerConfig
 from scheduler.output import RunnerOutput, SchedulerOutput, TokenEvent, TokenLogprobs
 from scheduler.request import FINISH_REASONS, Request, RequestStatus
@@ -94,9 +95,10 @@ def harness(
     num_blocks: int = 64,
     block_size: int = 4,
     caching: bool = True,
+    sliding_window: int | None = None,
     **config: object,
 ) -> Harness:
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+    kv = KVCacheManager(num_blocks, block_size, caching, sliding_window)
     clock = FakeClock()
     return Harness(Scheduler(SchedulerConfig(**config), kv, clock), kv, clock)  # type: ignore[arg-type]
 
@@ -107,7 +109,7 @@ def ran(out: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
 
 
 def assert_all_blocks_free(h: Harness) -> None:
-    assert h.kv.num_free_blocks == h.kv.num_blocks
+    assert h.kv.num_free_blocks == h.kv.num_usable_blocks  # all but a null block
     h.kv.check_invariants()
 
 
@@ -590,13 +592,16 @@ def test_times_and_logprobs_on_events() -> None:
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("chunked", [True, False])
-def test_random_workload_always_drains(policy: str, chunked: bool) -> None:
+@pytest.mark.parametrize("window", [None, 8])
+def test_random_workload_always_drains(policy: str, chunked: bool, window: int | None) -> None:
     """A tiny pool, shared prefixes, random aborts: every request ends, within a bounded number
-    of steps, and the pool is whole again. Invariants are checked after every call."""
+    of steps, and the pool is whole again. Invariants are checked after every call. Under a
+    sliding window no request ever holds more than the window's bound of blocks."""
     rng = random.Random(1234)
     h = harness(
         num_blocks=12,
         block_size=4,
+        sliding_window=window,
         max_num_batched_tokens=16,
         max_num_seqs=5,
         policy=policy,
@@ -625,10 +630,116 @@ def test_random_workload_always_drains(policy: str, chunked: bool) -> None:
             h.kv.check_invariants()
             if event is not None:
                 ended.add(victim)
-        _, events = h.step()
+        out, events = h.step()
         ended.update(e.request_id for e in events if e.finished)
         assert h.sched.num_running <= 5
+        if window is not None:
+            bound = max_live_blocks(window, 16, 4)
+            assert all(live_blocks(chunk.block_table) <= bound for chunk in out.chunks)
     assert ended == {f"r{i}" for i in range(num_requests)}
     assert_all_blocks_free(h)
-    # The workload did exercise preemption and prefix hits.
+    # The workload did exercise preemption and prefix hits (and the window's freeing).
     assert h.sched.num_preemptions_total > 0 and h.kv.prefix_cache_hit_tokens > 0
+    assert (h.kv.num_window_freed_blocks > 0) == (window is not None)
+
+
+# ---------------------------------------------------------------------------- sliding window
+# Window 8, blocks of 4 (rule 9): a chunk at s frees blocks i < (s - 7) // 4 first; their
+# table entries become the null block 0, which the pool never hands out.
+
+
+def live_blocks(table: list[int]) -> int:
+    return sum(1 for block_id in table if block_id != 0)
+
+
+def test_window_runs_a_request_longer_than_the_pool_in_bounded_blocks() -> None:
+    h = harness(num_blocks=6, block_size=4, sliding_window=8, max_num_batched_tokens=8)
+    request = h.add("A", 30, max_tokens=20)  # 50 tokens; the pool holds 5 * 4 = 20
+    bound = max_live_blocks(8, 8, 4)
+    assert bound == 5
+    outs, min_free = [], h.kv.num_blocks
+    while h.sched.has_unfinished_requests:
+        out, _ = h.step()
+        outs.append(out)
+        min_free = min(min_free, h.kv.num_free_blocks)
+        for chunk in out.chunks:
+            assert live_blocks(chunk.block_table) <= bound
+    assert [ran(out)[0][1:3] for out in outs[:5]] == [(8, 0), (8, 8), (8, 16), (6, 24), (1, 30)]
+    assert [out.chunks[0].block_table for out in outs[:3]] == [
+        [1, 2],
+        [1, 2, 3, 4],
+        [0, 0, 3, 4, 5, 2],
+    ]
+    # The chunk at 16 freed blocks 1 and 2 (positions 0..7) and took block 2 back at once.
+    assert outs[2].num_window_freed_blocks == 2
+    assert outs[3].chunks[0].block_table == [0, 0, 0, 0, 5, 2, 1, 4]  # positions 16..29
+    assert outs[-1].chunks[0].block_table == [0] * 10 + [2, 1, 4]  # the decode at 48
+    assert min_free == 1
+    assert sum(out.num_window_freed_blocks for out in outs) == 13 - 3  # all but the last 3
+    assert request.finish_reason == "length" and request.num_output_tokens == 20
+    assert_all_blocks_free(h)
+    assert h.kv.num_free_blocks == 5  # the null block stays reserved
+
+
+def test_without_a_window_the_same_request_cannot_fit() -> None:
+    h = harness(num_blocks=5, block_size=4, max_num_batched_tokens=8)
+    h.add("A", 30, max_tokens=20)
+    finish = finish_of(h, "A")
+    assert finish.finish_reason == "error"
+    assert "holds only 5 blocks of 4 tokens" in (finish.error or "")
+
+
+def test_window_request_whose_chunk_never_fits_fails_with_the_window_in_the_error() -> None:
+    h = harness(num_blocks=4, block_size=4, sliding_window=8, max_num_batched_tokens=16)
+    h.add("big", 30)
+    out, events = h.step()
+    assert out.is_empty and [e.finish_reason for e in events] == ["error"]
+    assert events[0].error == (
+        "request needs 4 KV blocks at once for positions 0..15 (sliding window of 8 tokens) "
+        "but the cache holds only 3 blocks of 4 tokens"
+    )
+    assert_all_blocks_free(h)
+
+
+def test_window_preemption_frees_everything_and_recomputes() -> None:
+    h = harness(num_blocks=5, block_size=4, sliding_window=8, max_num_batched_tokens=16)
+    a = h.add("A", 10, max_tokens=14)
+    b = h.add("B", 6, max_tokens=14)
+    steps = [h.step()[0] for _ in range(4)]
+    assert [ran(out) for out in steps] == [
+        [("A", 10, 0, True)],
+        [("A", 1, 10, True)],  # B waits: its 6 tokens need 2 blocks, 1 is free
+        [("A", 1, 11, True), ("B", 6, 0, True)],  # A's decode at 11 freed block 1 for B
+        [("A", 1, 12, True)],
+    ]
+    assert steps[2].chunks[0].block_table == [0, 2, 3] and h.kv.block_table("A") == [0, 2, 3, 1]
+    assert steps[2].chunks[1].block_table == [4, 1]
+    # At 12 A needs a 4th block: B, the tail, is preempted and drops all its blocks.
+    assert steps[3].preempted_request_ids == ["B"] and h.kv.block_table("B") == []
+    assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    while h.sched.has_unfinished_requests:
+        h.step()
+    assert a.finish_reason == b.finish_reason == "length"
+    assert a.num_output_tokens == b.num_output_tokens == 14
+    assert a.num_preemptions == 0 and b.num_preemptions == 3
+    assert_all_blocks_free(h)
+
+
+def test_window_requests_share_a_prefix() -> None:
+    h = harness(num_blocks=10, block_size=4, sliding_window=8, max_num_batched_tokens=8)
+    prefix = list(range(500, 516))
+    h.add("A", 0, tokens=prefix + [1, 2, 3, 4], max_tokens=3)
+    for _ in range(3):
+        h.step()
+    assert h.kv.block_table("A") == [0, 0, 3, 4, 5]  # blocks 1, 2 freed, still cached
+    b = h.add("B", 0, tokens=prefix + [9, 9, 9], max_tokens=3)
+    out, _ = h.step()
+    assert ran(out) == [("A", 1, 20, True), ("B", 3, 16, True)]
+    # B's hit is A's 4 blocks; at 16 it sees positions 9.. only: it takes blocks 3 and 4.
+    assert out.prefix_cache_hit_tokens == 16 and b.num_cached_tokens == 16
+    assert out.chunks[1].block_table == [0, 0, 3, 4, 7]
+    assert h.kv.block_table("A") == [0, 0, 0, 4, 5, 6]  # A's decode at 20 dropped block 3
+    assert [h.kv.pool.blocks[i].ref_count for i in (1, 2, 3, 4)] == [0, 0, 1, 2]
+    while h.sched.has_unfinished_requests:
+        h.step()
+    assert_all_blocks_free(h)

@@ -1,0 +1,236 @@
+"""SparseMoE: the sparse mixture-of-experts MLP of Qwen3-MoE and Mixtral.
+
+A router (`gate`, a linear layer to one logit per expert) picks each token's top-k experts by
+softmax probability; each expert is a gated MLP (down(silu(gate(x)) * up(x))) of
+moe_intermediate_size; the token's output is the routing-weighted sum of its k experts'
+outputs. Computed as Hugging Face transformers 5 computes it by default (grouped_mm,
+integrations/moe.py), rounding where it rounds:
+
+    probs    = softmax(router logits in the model's dtype, in float32)
+    weights  = top-k probs, divided by their sum when renormalized (Mixtral always, Qwen3-MoE
+               when config.norm_topk_prob), cast to the model's dtype for Qwen3-MoE only
+    output   = sum over the k picks, in top-k order, of expert output * weight
+
+A step's (token, expert) pairs are sorted by expert once; each expert that was picked runs
+one matmul over all its tokens' rows (gate_up), the activation runs once over every pair, then
+one matmul per expert again (down). The weighted rows are scattered back to (token, pick)
+order with one index_copy_ and summed over the picks: the reduction HF uses (one rounding of
+the sum; an index_add_ into a bf16 output would round after every add).
+
+Expert weights: all experts of a layer in one tensor per matrix, gate_up [E, 2 I, H] (gate
+rows, then up rows) and down [E, H, I], in the serving dtype, filled at load one expert at a
+time, in the layout the matmul reads: AMX tiles (amx_pack_weight's layout per expert,
+[E, N/16, K/32, 16, 16, 2]) when the native kernels serve bfloat16 on an AMX CPU and the sizes
+tile evenly, so each expert's product is one amx_linear over its slice; else row-major, one
+F.linear per expert. One layout only: amx_linear also serves one-row products (Qwen3-30B-A3B's
+expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms per expert at 1 row, as
+small_batch_linear over row-major rows; F.linear 0.64 ms).
+
+Measured, one bf16 layer on this 2-core AMX CPU (median of 15; tiles vs row-major F.linear):
+Qwen3-30B-A3B's (128 experts of 768, top-8) 5.0 vs 7.3 ms at 1 token (8 experts run),
+38 vs 54 ms at 8 (53), 103 vs 141 ms at 64 (124: 1.17 GB of experts, about the 12 GB/s these
+two cores stream); Mixtral-8x7B's (8 of 14336, top-2) 35 vs 70 ms at 1 token, 148 vs 228 at
+8, 203 vs 202 at 64. The layer is bound by the bytes of the experts it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.models.layer_ops import KernelLayerOps
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaShape
+
+TILE_ROWS, TILE_DEPTH = 16, 32  # amx_pack_weight's tile: 16 output rows x 32 inputs
+
+# An expert's (gate, up, down) checkpoint names, under <layer>.<block>.experts.<e>.: Qwen3-MoE
+# (and transformers 5's save_pretrained of either family) and Mixtral's published checkpoints.
+PER_EXPERT_NAMES = {
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+    "block_sparse_moe": ("w1", "w3", "w2"),
+}
+
+
+class SparseMoE(nn.Module):
+    """Owns one layer's router and experts. forward(x [T, H]) -> [T, H]; after each forward,
+    num_experts_run is how many distinct experts it ran (the meter's bytes: each one's weights
+    were read once)."""
+
+    def __init__(self, shape: LlamaShape, ops) -> None:
+        super().__init__()
+        self.hidden_size = shape.hidden_size
+        self.intermediate_size = shape.moe_intermediate_size
+        self.num_experts = shape.num_experts
+        self.top_k = shape.num_experts_per_tok
+        self.norm_topk_prob = shape.norm_topk_prob
+        self.round_routing_weights = shape.round_routing_weights
+        self.ops = ops
+        self.gate = nn.Linear(shape.hidden_size, shape.num_experts, bias=False)
+        size = (self.num_experts, 2 * self.intermediate_size, self.hidden_size)
+        self.gate_up_proj = nn.Parameter(torch.empty(size), requires_grad=False)
+        size = (self.num_experts, self.hidden_size, self.intermediate_size)
+        self.down_proj = nn.Parameter(torch.empty(size), requires_grad=False)
+        self.kernels = None  # set by allocate() when the experts are laid out as AMX tiles
+        self.num_experts_run = 0
+
+    @property
+    def bytes_per_expert(self) -> int:
+        """Bytes of one expert's weights (the tiles hold the same values, re-laid out)."""
+        numel = self.gate_up_proj.numel() + self.down_proj.numel()
+        return numel // self.num_experts * self.gate_up_proj.element_size()
+
+    # -- loading ----------------------------------------------------------------------------
+    def load(self, prefix: str, read: Callable, has: Callable, dtype: torch.dtype) -> None:
+        """Fill the experts from a checkpoint (our layer prefix "layers.<i>."), one expert at a
+        time. The router is loaded by the model (ROUTER_NAMES). Two layouts on disk: HF's
+        fused [E, 2I, H] / [E, H, I] tensors (each read whole, then copied expert by expert),
+        or one tensor per expert and matrix (published checkpoints; what transformers 5.24's
+        save_pretrained writes)."""
+        self.allocate(dtype)
+        fused = f"{prefix}mlp.experts.gate_up_proj"
+        if has(fused):
+            gate_up, down = read(fused), read(f"{prefix}mlp.experts.down_proj")
+            self._check(fused, gate_up, self.gate_up_proj_shape)
+            self._check(f"{prefix}mlp.experts.down_proj", down, self.down_proj_shape)
+            size = self.intermediate_size
+            for e in range(self.num_experts):
+                self.load_expert(e, gate_up[e, :size], gate_up[e, size:], down[e])
+            return
+        for block, matrices in PER_EXPERT_NAMES.items():
+            if has(f"{prefix}{block}.experts.0.{matrices[0]}.weight"):
+                break
+        else:
+            raise ValueError(f"experts missing from checkpoint: {prefix}mlp.experts.*")
+        for e in range(self.num_experts):
+            first = f"{prefix}{block}.experts.{e}."
+            self.load_expert(e, *(read(f"{first}{m}.weight") for m in matrices))
+
+    @property
+    def gate_up_proj_shape(self) -> tuple[int, int, int]:
+        return self.num_experts, 2 * self.intermediate_size, self.hidden_size
+
+    @property
+    def down_proj_shape(self) -> tuple[int, int, int]:
+        return self.num_experts, self.hidden_size, self.intermediate_size
+
+    def allocate(self, dtype: torch.dtype) -> None:
+        """Real (unfilled) expert tensors in dtype, in the layout forward reads."""
+        kernels = self.ops.kernels if isinstance(self.ops, KernelLayerOps) else None
+        sizes = (2 * self.intermediate_size, self.hidden_size, self.intermediate_size)
+        tiled = (
+            dtype == torch.bfloat16
+            and kernels is not None
+            and kernels.amx_available()
+            and all(s % TILE_DEPTH == 0 for s in sizes)
+        )
+        self.kernels = kernels if tiled else None
+        for name, (e, n, k) in (
+            ("gate_up_proj", self.gate_up_proj_shape),
+            ("down_proj", self.down_proj_shape),
+        ):
+            tiles = (e, n // TILE_ROWS, k // TILE_DEPTH, TILE_DEPTH // 2, TILE_ROWS, 2)
+            size = tiles if tiled else (e, n, k)
+            tensor = torch.empty(size, dtype=dtype, device="cpu")
+            setattr(self, name, nn.Parameter(tensor, requires_grad=False))
+
+    def load_expert(self, e: int, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
+        """Write expert e's gate [I, H], up [I, H] and down [H, I] (any float dtype)."""
+        size = self.intermediate_size
+        self._write(self.gate_up_proj[e], 0, gate, (size, self.hidden_size))
+        self._write(self.gate_up_proj[e], size, up, (size, self.hidden_size))
+        self._write(self.down_proj[e], 0, down, (self.hidden_size, size))
+
+    def _write(self, matrix: torch.Tensor, first_row: int, rows: torch.Tensor, want) -> None:
+        """Rows [first_row, first_row + len(rows)) of one expert's matrix. In the tile layout
+        a tile holds 16 rows, and first_row and len(rows) are multiples of 32 (allocate)."""
+        self._check("expert matrix", rows, want)
+        if self.kernels is None:
+            matrix[first_row : first_row + rows.shape[0]].copy_(rows)
+            return
+        tiles = self.kernels.amx_pack_weight(rows.to(torch.bfloat16).contiguous())
+        first = first_row // TILE_ROWS
+        matrix[first : first + tiles.shape[0]].copy_(tiles)
+
+    @staticmethod
+    def _check(name: str, tensor: torch.Tensor, want) -> None:
+        if tuple(tensor.shape) != tuple(want):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(want)}")
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] -> [T, H]. Pair p = t * k + j is token t's j-th pick (top-k order);
+        `order` lists the pairs sorted by expert (stable), expert e's pairs at
+        [offset_e, offset_e + count_e) of the sorted rows."""
+        num_tokens, k = x.shape[0], self.top_k
+        logits = self.gate.forward(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, k, dim=-1)  # [T, k]
+        if self.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        if self.round_routing_weights:
+            weights = weights.to(logits.dtype)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        rows = x.index_select(0, order // k)  # [T k, H], sorted by expert
+        active = [(e, n) for e, n in enumerate(counts) if n]
+        self.num_experts_run = len(active)
+        hidden = self.ops.silu_and_mul(self._per_expert(self.gate_up_proj, rows, active))
+        out = self._per_expert(self.down_proj, hidden, active)
+        weighted = out * weights.flatten().index_select(0, order).unsqueeze(1)
+        by_pair = torch.empty_like(weighted).index_copy_(0, order, weighted)
+        return by_pair.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
+
+    def _per_expert(self, weight: torch.Tensor, rows: torch.Tensor, active) -> torch.Tensor:
+        """rows (sorted by expert) @ their expert's matrix.T: with AMX tiles, every active
+        expert in one native call (amx_grouped_linear; one parallel region streams all their
+        tiles, each row computed as amx_linear computes it); else one matmul per expert."""
+        if self.kernels is not None:
+            return self._grouped(weight, rows, active)
+        pieces, first = [], 0
+        for e, n in active:
+            x = rows[first : first + n]
+            first += n
+            pieces.append(F.linear(x, weight[e]))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _grouped(self, weight: torch.Tensor, rows: torch.Tensor, active) -> torch.Tensor:
+        groups, first = [], 0
+        for e, n in active:
+            groups.append((e, first, n))
+            first += n
+        # Tile loads read 32 rows from a block's first row: pad past the last one.
+        padded = rows.new_zeros(rows.shape[0] + TILE_DEPTH, rows.shape[1])
+        padded[: rows.shape[0]] = rows
+        return self.kernels.amx_grouped_linear(padded, weight, torch.tensor(groups))
+
+
+# The router's checkpoint names under a layer: Qwen3-MoE and transformers 5, then Mixtral's.
+ROUTER_NAMES = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
+
+
+def moe_layer_indices(config) -> frozenset[int]:
+    """Layers of an HF config whose MLP is a sparse MoE block, as transformers decides:
+    Mixtral every layer; Qwen3-MoE layer i unless i is in mlp_only_layers or
+    (i + 1) % decoder_sparse_step != 0. Dense models: none."""
+    num_experts = _num_experts(config)
+    if not num_experts:
+        return frozenset()
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    layers = range(config.num_hidden_layers)
+    return frozenset(i for i in layers if i not in dense and (i + 1) % step == 0)
+
+
+def _num_experts(config) -> int:
+    if config.model_type == "mixtral":
+        return config.num_local_experts
+    if config.model_type == "qwen3_moe":
+        return config.num_experts
+    return 0
