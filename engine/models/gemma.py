@@ -35,7 +35,7 @@ from torch import nn
 from engine.attention.metadata import AttentionMetadata
 from engine.models.layer_ops import RotaryInputs, TorchLayerOps
 from engine.models.layers import RotaryEmbedding
-from engine.models.llama import LINEAR_SOURCES, _fuse
+from engine.models.weight_loader import WeightLoader, fuse, fused_linear_blocks
 from engine.quantized_weights import QuantizedTensor
 from engine.sliding_windows import layer_windows
 
@@ -271,59 +271,30 @@ class GemmaForCausalLM(nn.Module):
         """Give every parameter its HF-named checkpoint tensor in self.dtype, fusing q/k/v and
         gate/up, norms as 1 + w in float32; fail loudly on anything missing. Reads each
         checkpoint tensor once."""
-        names = {k.removeprefix("model."): k for k in weights}
-
-        def read(name: str) -> torch.Tensor:
-            if name not in names:
-                raise ValueError(f"weight missing from checkpoint: {name}")
-            return weights[names[name]]
-
-        def put(ours: str, sources: tuple[str, ...]) -> None:
-            target = self.get_parameter(ours)
-            tensor = _fuse(ours, [read(s) for s in sources], target.shape, self.dtype)
-            module, _, leaf = ours.rpartition(".")
-            setattr(self.get_submodule(module), leaf, nn.Parameter(tensor, requires_grad=False))
+        loader = WeightLoader(self, weights, self.dtype)
 
         def put_norm(ours: str) -> None:
             target = self.get_parameter(ours)
             # w rounded to the serving dtype, then 1 + w in float32: HF's 1.0 + weight.float().
-            scale = 1.0 + _fuse(ours, [read(ours)], target.shape, self.dtype).float()
-            module, _, leaf = ours.rpartition(".")
-            setattr(self.get_submodule(module), leaf, nn.Parameter(scale, requires_grad=False))
+            weight = fuse(ours, [loader.read(ours)], target.shape, self.dtype)
+            loader.assign(ours, 1.0 + weight.float())
 
-        put("embed_tokens.weight", ("embed_tokens.weight",))
+        loader.put_embeddings(self.shape.tie_word_embeddings)
         put_norm("norm.weight")
-        if self.shape.tie_word_embeddings or "lm_head.weight" not in names:
-            self.lm_head.weight = self.embed_tokens.weight  # one tensor serves both
-        else:
-            put("lm_head.weight", ("lm_head.weight",))
         for i in range(self.shape.num_layers):
             prefix = f"layers.{i}."
-            for ours, sources in LINEAR_SOURCES.items():
-                put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
+            loader.put_linears(prefix)
             norms = list(LAYER_NORMS)
             if self.shape.qk_norm:
                 norms += ["self_attn.q_norm", "self_attn.k_norm"]
             for norm in norms:
                 put_norm(f"{prefix}{norm}.weight")
-        missing = [n for n, p in self.named_parameters(remove_duplicate=False) if p.is_meta]
-        if missing:
-            raise ValueError(f"weights missing from checkpoint: {missing[:5]}")
+        loader.check_complete()
 
     def quantized_linears(self, quantized: dict[str, QuantizedTensor]):
         """(our linear module, its weight as GGUF blocks) for every linear whose source
         weights all have blocks, fused the way load_weights fuses the float weights."""
-        found = {k.removeprefix("model."): v for k, v in quantized.items()}
-        head = found.get("lm_head.weight")
-        if head is None or self.shape.tie_word_embeddings:
-            head = found.get("embed_tokens.weight")  # as load_weights picks the float head
-        if head is not None:
-            yield self.lm_head, head
-        for i, layer in enumerate(self.layers):
-            for ours, sources in LINEAR_SOURCES.items():
-                parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
-                if all(p is not None for p in parts):
-                    yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
+        return fused_linear_blocks(self, quantized, self.shape.tie_word_embeddings)
 
 
 def _rope_keys(config) -> list[str]:

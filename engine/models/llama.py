@@ -37,6 +37,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.models.layer_ops import RotaryInputs, TorchLayerOps
 from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from engine.models.moe import ROUTER_NAMES, SparseMoE, moe_layer_indices
+from engine.models.weight_loader import LINEAR_SOURCES, WeightLoader, fused_linear_blocks
 from engine.quantized_weights import QuantizedTensor
 from engine.sliding_windows import layer_windows
 
@@ -261,69 +262,41 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Give every parameter its HF-named checkpoint tensor in self.dtype, fusing q/k/v and
         gate/up; fail loudly on anything missing. Reads each checkpoint tensor once."""
-        names = {k.removeprefix("model."): k for k in weights}
-
-        def read(name: str) -> torch.Tensor:
-            if name not in names:
-                raise ValueError(f"weight missing from checkpoint: {name}")
-            return weights[names[name]]
-
-        def put(ours: str, sources: tuple[str, ...]) -> None:
-            if ours in names:  # stored fused already, under our name (Phi-3's qkv, gate_up)
-                sources = (ours,)
-            target = self.get_parameter(ours)
-            tensor = _fuse(ours, [read(s) for s in sources], target.shape, self.dtype)
-            module, _, leaf = ours.rpartition(".")
-            setattr(self.get_submodule(module), leaf, nn.Parameter(tensor, requires_grad=False))
-
-        put("embed_tokens.weight", ("embed_tokens.weight",))
-        put("norm.weight", ("norm.weight",))
-        if self.shape.tie_word_embeddings or "lm_head.weight" not in names:
-            self.lm_head.weight = self.embed_tokens.weight  # one tensor serves both
-        else:
-            put("lm_head.weight", ("lm_head.weight",))
+        loader = WeightLoader(self, weights, self.dtype)
+        loader.put_embeddings(self.shape.tie_word_embeddings)
+        loader.put("norm.weight")
         for i in range(self.shape.num_layers):
-            self._load_layer(f"layers.{i}.", put, read, names.__contains__)
-        missing = [n for n, p in self.named_parameters(remove_duplicate=False) if p.is_meta]
-        if missing:
-            raise ValueError(f"weights missing from checkpoint: {missing[:5]}")
+            self._load_layer(f"layers.{i}.", loader)
+        loader.check_complete()
 
-    def _load_layer(self, prefix: str, put, read, has) -> None:
+    def _load_layer(self, prefix: str, loader: WeightLoader) -> None:
         mlp = self.get_submodule(f"{prefix}mlp")
         moe = isinstance(mlp, SparseMoE)
-        for ours, sources in LINEAR_SOURCES.items():
-            if moe and ours.startswith("mlp."):
-                continue
-            put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
+        loader.put_linears(prefix, skip=lambda ours: moe and ours.startswith("mlp."))
         if moe:
-            router = next((n for n in ROUTER_NAMES if has(f"{prefix}{n}")), ROUTER_NAMES[0])
-            put(f"{prefix}mlp.gate.weight", (f"{prefix}{router}",))
-            mlp.load(prefix, read, has, self.dtype)
+            names = (n for n in ROUTER_NAMES if loader.has(f"{prefix}{n}"))
+            router = next(names, ROUTER_NAMES[0])
+            loader.put(f"{prefix}mlp.gate.weight", (f"{prefix}{router}",))
+            mlp.load(prefix, loader.read, loader.has, self.dtype)
         if self.shape.attention_bias:
             sources = LINEAR_SOURCES["self_attn.qkv_proj"]
-            put(f"{prefix}self_attn.qkv_proj.bias", tuple(f"{prefix}{s}.bias" for s in sources))
+            loader.put(
+                f"{prefix}self_attn.qkv_proj.bias", tuple(f"{prefix}{s}.bias" for s in sources)
+            )
         norms = ["input_layernorm", "post_attention_layernorm"]
         if self.shape.qk_norm:
             norms += ["self_attn.q_norm", "self_attn.k_norm"]
         for norm in norms:
-            put(f"{prefix}{norm}.weight", (f"{prefix}{norm}.weight",))
+            loader.put(f"{prefix}{norm}.weight")
 
     def quantized_linears(self, quantized: dict[str, QuantizedTensor]):
         """(our linear module, its weight as GGUF blocks) for every linear whose source
-        weights all have blocks, fused the way load_weights fuses the float weights."""
-        found = {k.removeprefix("model."): v for k, v in quantized.items()}
-        head = found.get("lm_head.weight")
-        if head is None or self.shape.tie_word_embeddings:
-            head = found.get("embed_tokens.weight")  # as load_weights picks the float head
-        if head is not None:
-            yield self.lm_head, head
-        for i, layer in enumerate(self.layers):
-            for ours, sources in LINEAR_SOURCES.items():
-                if isinstance(layer.mlp, SparseMoE) and ours.startswith("mlp."):
-                    continue  # experts and router stay in the serving dtype
-                parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
-                if all(p is not None for p in parts):
-                    yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
+        weights all have blocks; a MoE layer's experts and router stay in the serving dtype."""
+
+        def skip(layer, ours: str) -> bool:
+            return isinstance(layer.mlp, SparseMoE) and ours.startswith("mlp.")
+
+        return fused_linear_blocks(self, quantized, self.shape.tie_word_embeddings, skip)
 
 
 def _moe_fields(config) -> dict:
@@ -343,29 +316,3 @@ def _moe_fields(config) -> dict:
         "norm_topk_prob": mixtral or bool(config.norm_topk_prob),
         "round_routing_weights": not mixtral,
     }
-
-
-def _fuse(name: str, parts: list[torch.Tensor], shape: torch.Size, dtype) -> torch.Tensor:
-    """parts stacked by rows, in dtype: one part is cast (no copy when already in dtype);
-    several are written into one new tensor, so no stacked copy in the file's dtype exists."""
-    rows = sum(p.shape[0] for p in parts)
-    if (rows, *parts[0].shape[1:]) != tuple(shape):
-        found = " + ".join(str(tuple(p.shape)) for p in parts)
-        raise ValueError(f"{name}: checkpoint shape {found} != {tuple(shape)}")
-    if len(parts) == 1:
-        return parts[0].to(dtype).contiguous()
-    fused = torch.empty(shape, dtype=dtype)
-    first = 0
-    for part in parts:
-        fused[first : first + part.shape[0]].copy_(part)
-        first += part.shape[0]
-    return fused
-
-
-# Our fused linear layers and the Hugging Face weights stacked (by rows) into each.
-LINEAR_SOURCES = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "self_attn.o_proj": ("self_attn.o_proj",),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-    "mlp.down_proj": ("mlp.down_proj",),
-}

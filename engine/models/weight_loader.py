@@ -1,0 +1,117 @@
+"""WeightLoader: gives a meta-device model its parameters from Hugging Face-named tensors.
+
+Shared by every family (llama.py, gemma.py): one checkpoint tensor read at a time, cast to the
+serving dtype and assigned, q/k/v and gate/up stacked into our fused layers (or taken as they
+are where the checkpoint stores them fused under our name, as Phi-3 does), a tied LM head the
+embedding's own tensor, and a loud failure on anything missing. Loading so holds one copy of
+the weights, plus the tensor being read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from engine.quantized_weights import QuantizedTensor
+
+# Our fused linear layers and the Hugging Face weights stacked (by rows) into each.
+LINEAR_SOURCES = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+
+
+class WeightLoader:
+    """Reads `weights` (names with or without the "model." prefix) into `model`'s parameters,
+    named as our modules name them ("layers.3.self_attn.qkv_proj.weight")."""
+
+    def __init__(self, model: nn.Module, weights: Mapping[str, torch.Tensor], dtype) -> None:
+        self.model = model
+        self.weights = weights
+        self.dtype = dtype
+        self.names = {k.removeprefix("model."): k for k in weights}
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+    def read(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise ValueError(f"weight missing from checkpoint: {name}")
+        return self.weights[self.names[name]]
+
+    def put(self, ours: str, sources: tuple[str, ...] | None = None) -> None:
+        """Parameter `ours` <- the sources stacked by rows (default: the tensor of that name)."""
+        if sources is None or self.has(ours):  # stored fused already, under our name
+            sources = (ours,)
+        target = self.model.get_parameter(ours)
+        self.assign(ours, fuse(ours, [self.read(s) for s in sources], target.shape, self.dtype))
+
+    def assign(self, ours: str, tensor: torch.Tensor) -> None:
+        module, _, leaf = ours.rpartition(".")
+        param = nn.Parameter(tensor, requires_grad=False)
+        setattr(self.model.get_submodule(module), leaf, param)
+
+    def put_linears(self, prefix: str, skip: Callable[[str], bool] = lambda ours: False) -> None:
+        """A layer's fused linear weights (those `skip` does not name)."""
+        for ours, sources in LINEAR_SOURCES.items():
+            if not skip(ours):
+                self.put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
+
+    def put_embeddings(self, tie_word_embeddings: bool) -> None:
+        """The embedding, and the LM head: its own tensor, or the embedding's when tied (or
+        when the checkpoint has none)."""
+        self.put("embed_tokens.weight")
+        if tie_word_embeddings or not self.has("lm_head.weight"):
+            self.model.lm_head.weight = self.model.embed_tokens.weight  # one tensor serves both
+        else:
+            self.put("lm_head.weight")
+
+    def check_complete(self) -> None:
+        named = self.model.named_parameters(remove_duplicate=False)
+        missing = [n for n, p in named if p.is_meta]
+        if missing:
+            raise ValueError(f"weights missing from checkpoint: {missing[:5]}")
+
+
+def fused_linear_blocks(
+    model: nn.Module,
+    quantized: dict[str, QuantizedTensor],
+    tie_word_embeddings: bool,
+    skip: Callable[[nn.Module, str], bool] = lambda layer, ours: False,
+) -> Iterator[tuple[nn.Module, QuantizedTensor]]:
+    """(our linear module, its weight as GGUF blocks) for every linear whose source weights
+    all have blocks, fused the way WeightLoader fuses the float weights."""
+    found = {k.removeprefix("model."): v for k, v in quantized.items()}
+    head = found.get("lm_head.weight")
+    if head is None or tie_word_embeddings:
+        head = found.get("embed_tokens.weight")  # as put_embeddings picks the float head
+    if head is not None:
+        yield model.lm_head, head
+    for i, layer in enumerate(model.layers):
+        for ours, sources in LINEAR_SOURCES.items():
+            if skip(layer, ours):
+                continue
+            parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
+            if all(p is not None for p in parts):
+                yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
+
+
+def fuse(name: str, parts: list[torch.Tensor], shape: torch.Size, dtype) -> torch.Tensor:
+    """parts stacked by rows, in dtype: one part is cast (no copy when already in dtype);
+    several are written into one new tensor, so no stacked copy in the file's dtype exists."""
+    rows = sum(p.shape[0] for p in parts)
+    if (rows, *parts[0].shape[1:]) != tuple(shape):
+        found = " + ".join(str(tuple(p.shape)) for p in parts)
+        raise ValueError(f"{name}: checkpoint shape {found} != {tuple(shape)}")
+    if len(parts) == 1:
+        return parts[0].to(dtype).contiguous()
+    fused = torch.empty(shape, dtype=dtype)
+    first = 0
+    for part in parts:
+        fused[first : first + part.shape[0]].copy_(part)
+        first += part.shape[0]
+    return fused
