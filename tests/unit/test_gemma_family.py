@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_model_families import EOS, MAX_NEW_TOKENS, VOCAB, _prompts, _save_tokenizer
+from tiny_models import EOS, MAX_NEW_TOKENS, VOCAB, save_random_model
+from tiny_models import prompts as _prompts
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig
 
 from engine.llm import LLM
@@ -66,18 +67,8 @@ NEAR_TIE = 0.02
 
 
 def _build_model(family: str, path: Path):
-    torch.manual_seed(0)
-    config = FAMILIES[family]()
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # Gemma norms scale by 1 + weight: weights near 0 keep the scale near 1.
-            scale = 0.2 if name.endswith("norm.weight") else 0.15
-            param.copy_(scale * torch.randn(param.shape, generator=gen))
-    model.save_pretrained(path, safe_serialization=True)
-    _save_tokenizer(path)
-    return model
+    # Gemma norms scale by 1 + weight: weights near 0 keep the scale near 1.
+    return save_random_model(FAMILIES[family](), path, norm_center=0.0)
 
 
 def _hf_generate(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:

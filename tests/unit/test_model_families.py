@@ -1,9 +1,6 @@
-"""Tiny random-weight models of each supported family: saved by transformers as safetensors,
-loaded through our loader, greedy output equal to Hugging Face `generate` token for token.
-
-Weights are drawn with a wider spread than transformers' init (std 0.02 makes every logit
-nearly equal, so greedy decoding would ride on rounding noise); the test also checks that
-HF's greedy path has a clear margin at every step, so an equality failure means a real bug.
+"""Tiny random-weight models of each supported family (tests/unit/tiny_models.py): saved by
+transformers as safetensors, loaded through our loader, greedy output equal to Hugging Face
+`generate` token for token, where HF's own greedy path has a clear margin at every step.
 """
 
 from __future__ import annotations
@@ -12,39 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
+from tiny_models import COMMON, EOS, MAX_NEW_TOKENS, prompts, save_random_model
+from tiny_models import hf_greedy as _hf_greedy
 from transformers import (
-    AutoModelForCausalLM,
     GraniteConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
-    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
 )
 
 from engine.llm import LLM
 from scheduler.sampling_params import SamplingParams
-
-VOCAB = 211
-EOS = 1
-MAX_NEW_TOKENS = 12
-PROMPT_LENGTHS = (3, 9, 17, 30)
-COMMON = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "eos_token_id": EOS,
-    "bos_token_id": 0,
-    "pad_token_id": 0,
-}
 
 FAMILIES = {
     "llama-tied": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True),
@@ -93,51 +70,12 @@ FAMILIES = {
 }
 
 
-def _save_tokenizer(path: Path) -> None:
-    """A word-level tokenizer whose ids are the vocabulary "t0".."t{VOCAB-1}"."""
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    backend = Tokenizer(WordLevel(vocab, unk_token="t0"))
-    backend.pre_tokenizer = WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="t0", bos_token="t0", eos_token=f"t{EOS}"
-    )
-    tokenizer.save_pretrained(path)
-
-
 def _build_model(family: str, path: Path):
-    torch.manual_seed(0)
-    config = FAMILIES[family]()
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
-    model.save_pretrained(path, safe_serialization=True)
-    _save_tokenizer(path)
-    return model
+    return save_random_model(FAMILIES[family](), path)
 
 
 def _prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(2)
-    return [(torch.randint(2, VOCAB, (n,), generator=gen)).tolist() for n in PROMPT_LENGTHS]
-
-
-def _hf_greedy(model, prompt: list[int]) -> tuple[list[int], float]:
-    """HF's greedy continuation and the smallest top-1/top-2 logit margin along it."""
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=MAX_NEW_TOKENS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    margins = [float(torch.topk(step[0], 2).values.diff().abs()) for step in out.logits]
-    return out.sequences[0, len(prompt) :].tolist(), min(margins)
+    return prompts()
 
 
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "plain-torch"])

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from tiny_models import EOS, MAX_NEW_TOKENS, VOCAB, save_random_model
+from tiny_models import hf_greedy as _hf_greedy
+from tiny_models import prompts as _prompts
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
 from engine.kernels import load_cpu_kernels
@@ -26,14 +29,6 @@ from engine.models.layer_ops import make_layer_ops
 from engine.models.llama import LlamaShape
 from engine.models.moe import SparseMoE, moe_layer_indices
 from scheduler.sampling_params import SamplingParams
-from tests.unit.test_model_families import (
-    EOS,
-    MAX_NEW_TOKENS,
-    VOCAB,
-    _hf_greedy,
-    _prompts,
-    _save_tokenizer,
-)
 
 NUM_EXPERTS, TOP_K, EXPERT_SIZE = 8, 2, 32
 COMMON = {
@@ -83,18 +78,7 @@ SERVING = {"block_size": 4, "kv_cache_bytes": 1 << 20, "max_num_batched_tokens":
 
 
 def _build_model(family: str, path: Path):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(FAMILIES[family](), dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
-    model.save_pretrained(path, safe_serialization=True)
-    _save_tokenizer(path)
-    return model
+    return save_random_model(FAMILIES[family](), path)
 
 
 def _rewrite(model, path: Path, layout: str) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from test_forward_batch import _chunk
-from test_model_families import COMMON, VOCAB, _save_tokenizer
-from transformers import AutoModelForCausalLM, MistralConfig
+from tiny_models import COMMON, hf_greedy, prompts, save_random_model
+from transformers import MistralConfig
 
 from engine.attention import make_backend
 from engine.attention.metadata import ChunkSpan
@@ -85,40 +85,16 @@ NUM_USABLE_BLOCKS = 12  # 48 tokens: less than one request's 54 or 69 without th
 
 
 def _build_mistral(path: Path, sliding_window: int | None):
-    torch.manual_seed(0)
-    config = MistralConfig(**COMMON, sliding_window=sliding_window)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
-    model.save_pretrained(path, safe_serialization=True)
-    _save_tokenizer(path)
-    return model
+    return save_random_model(MistralConfig(**COMMON, sliding_window=sliding_window), path)
 
 
 def _prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(2)
-    return [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return prompts(PROMPT_LENGTHS)
 
 
 def _hf_greedy(model, prompt: list[int]) -> tuple[list[int], float]:
     """HF's greedy continuation (EOS ignored) and the smallest top-1/top-2 logit margin."""
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=MAX_NEW_TOKENS,
-        min_new_tokens=MAX_NEW_TOKENS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    margins = [float(torch.topk(step[0], 2).values.diff().abs()) for step in out.logits]
-    return out.sequences[0, len(prompt) :].tolist(), min(margins)
+    return hf_greedy(model, prompt, MAX_NEW_TOKENS, ignore_eos=True)
 
 
 def _kv_bytes_per_block() -> int:

@@ -1,0 +1,85 @@
+"""Tiny random-weight checkpoints of any family, and Hugging Face's greedy output on them.
+
+Weights are drawn with a wider spread than transformers' init (std 0.02 makes every logit
+nearly equal, so greedy decoding would ride on rounding noise); hf_greedy also returns the
+smallest top-1/top-2 logit margin along HF's path, so a test can check that an equality
+failure means a real bug, not a near-tie.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+VOCAB = 211
+EOS = 1
+MAX_NEW_TOKENS = 12
+PROMPT_LENGTHS = (3, 9, 17, 30)
+COMMON = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "eos_token_id": EOS,
+    "bos_token_id": 0,
+    "pad_token_id": 0,
+}
+
+
+def save_tokenizer(path: Path) -> None:
+    """A word-level tokenizer whose ids are the vocabulary "t0".."t{VOCAB-1}"."""
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    backend = Tokenizer(WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="t0", bos_token="t0", eos_token=f"t{EOS}"
+    )
+    tokenizer.save_pretrained(path)
+
+
+def save_random_model(config, path: Path, norm_center: float = 1.0):
+    """The HF model of `config` with random weights (norm weights around norm_center: 0 for
+    Gemma's 1 + w norms), saved with the tokenizer as a checkpoint directory at path."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(norm_center + 0.2 * torch.randn(param.shape, generator=gen))
+            else:
+                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
+    model.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)
+    return model
+
+
+def prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(2)
+    return [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+def hf_greedy(
+    model, prompt: list[int], max_new_tokens: int = MAX_NEW_TOKENS, ignore_eos: bool = False
+) -> tuple[list[int], float]:
+    """HF's greedy continuation and the smallest top-1/top-2 logit margin along it."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens if ignore_eos else None,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    margins = [float(torch.topk(step[0], 2).values.diff().abs()) for step in out.logits]
+    return out.sequences[0, len(prompt) :].tolist(), min(margins)
