@@ -183,6 +183,10 @@ class ServerMetrics:
             "running_batch_size", "Requests in each step's forward batch.", BATCH_BUCKETS
         )
         self.preemptions = self._counter("preemptions", "Requests preempted.").labels(m)
+        self.window_freed_blocks = self._counter(
+            "window_freed_blocks",
+            "KV blocks freed behind a sliding window while their request ran.",
+        ).labels(m)
         self.prefix_queries = self._counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         ).labels(m)
@@ -309,6 +313,7 @@ class ServerMetrics:
             if batch:
                 self.batch_size.observe(batch)
             self.preemptions.inc(stats.num_preemptions)
+            self.window_freed_blocks.inc(stats.num_window_freed_blocks)
             self.prefix_queries.inc(stats.prefix_cache_queried_tokens)
             self.prefix_hits.inc(stats.prefix_cache_hit_tokens)
             self._set_queue_state(stats.num_waiting, stats.num_running, stats.kv_cache_usage)

@@ -93,6 +93,7 @@ BASE_STEP = StepStats(
     num_waiting=4,
     kv_cache_usage=0.25,
     num_preemptions=1,
+    num_window_freed_blocks=3,
     prefix_cache_queried_tokens=10,
     prefix_cache_hit_tokens=4,
     prefill_flops=3e9,
@@ -221,6 +222,7 @@ def test_step_stats_become_exact_counter_values():
     assert _value(s, "meterserve_forward_passes_total", phase="prefill") == 1
     assert _value(s, "meterserve_forward_passes_total", phase="decode") == 2
     assert _value(s, "meterserve_preemptions_total") == 1
+    assert _value(s, "meterserve_window_freed_blocks_total") == 6
     assert _value(s, "meterserve_prefix_cache_queries_total") == 20
     assert _value(s, "meterserve_prefix_cache_hits_total") == 8
     assert _value(s, "meterserve_step_duration_seconds_count") == 2
