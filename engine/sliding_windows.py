@@ -36,3 +36,8 @@ def uniform_window(windows: tuple[int | None, ...]) -> int | None:
     if not windows or any(w is None for w in windows):
         return None
     return max(windows)  # type: ignore[type-var]
+
+
+def first_visible_key(position: int, window: int | None) -> int:
+    """The first key position the query at `position` sees (0 without a window)."""
+    return 0 if window is None else max(0, position - window + 1)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from engine.attention.kv_cache import context_slots
 from engine.attention.metadata import AttentionMetadata, ChunkSpan
-from engine.attention.reference import first_window_key, visible_keys, write_kv
+from engine.attention.reference import visible_keys, write_kv
+from engine.sliding_windows import first_visible_key
 
 
 class BatchedAttention:
@@ -95,12 +96,20 @@ def _window_tables(meta: AttentionMetadata, sliding_window: int):
     return tables, mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]
 
 
-def masked_attention(q, keys, values, mask, scale, softcap, enable_gqa=False) -> torch.Tensor:
-    """SDPA with an additive or boolean mask; with a softcap, the same in plain ops (SDPA has
-    no score transform), softmax in float32."""
+def masked_attention(
+    q, keys, values, mask, scale, softcap, enable_gqa=False, is_causal=False
+) -> torch.Tensor:
+    """SDPA with an additive or boolean mask (or causal, mask None); with a softcap, the same
+    in plain ops (SDPA has no score transform), softmax in float32, with a mask always."""
     if softcap is None:
         return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
+            q,
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
         )
     if enable_gqa and keys.shape[-3] != q.shape[-3]:
         group = q.shape[-3] // keys.shape[-3]
@@ -199,7 +208,7 @@ def prefill_chunk_attention(
     q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
     # Keys [first, context_len): from the first query's window on (blocks before it may have
     # been freed, so they are not read).
-    first = first_window_key(chunk.start_position, sliding_window)
+    first = first_visible_key(chunk.start_position, sliding_window)
     if chunk.start_position == 0:
         keys, values = key[rows], value[rows]
     else:
@@ -211,25 +220,15 @@ def prefill_chunk_attention(
         query_pos = torch.arange(chunk.query_len) + chunk.start_position
         mask = visible_keys(query_pos, chunk.context_len, sliding_window, first)
         causal = False
-    if softcap is not None:
-        out = masked_attention(
-            q,
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
-            mask,
-            scale,
-            softcap,
-            enable_gqa=True,
-        )
-        return out.squeeze(0).transpose(0, 1)
-    out = F.scaled_dot_product_attention(
+    out = masked_attention(
         q,
         keys.transpose(0, 1).unsqueeze(0),
         values.transpose(0, 1).unsqueeze(0),
-        attn_mask=mask,
-        is_causal=causal,
-        scale=scale,
+        mask,
+        scale,
+        softcap,
         enable_gqa=True,
+        is_causal=causal,
     )
     return out.squeeze(0).transpose(0, 1)
 

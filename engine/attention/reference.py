@@ -9,6 +9,7 @@ import torch
 
 from engine.attention.kv_cache import context_slots
 from engine.attention.metadata import AttentionMetadata
+from engine.sliding_windows import first_visible_key
 
 
 def write_kv(
@@ -21,11 +22,6 @@ def write_kv(
     """Store this step's new K/V ([num_tokens, num_kv_heads, head_dim]) at their slots."""
     key_cache.index_copy_(0, slot_mapping, key)
     value_cache.index_copy_(0, slot_mapping, value)
-
-
-def first_window_key(position: int, sliding_window: int | None) -> int:
-    """The first key position the query at `position` sees (0 without a window)."""
-    return 0 if sliding_window is None else max(0, position - sliding_window + 1)
 
 
 def visible_keys(
@@ -66,7 +62,7 @@ class ReferenceAttention:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
             # Keys [first, context_len): the first query's window onwards. Keys before it are
             # never read (their blocks may have been freed and replaced).
-            first = first_window_key(chunk.start_position, sliding_window)
+            first = first_visible_key(chunk.start_position, sliding_window)
             slots = context_slots(chunk.block_table, chunk.context_len, meta.block_size)[first:]
             keys = key_cache[slots].repeat_interleave(group, dim=1)  # [keys, heads, dim]
             values = value_cache[slots].repeat_interleave(group, dim=1)

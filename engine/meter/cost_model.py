@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.sliding_windows import layer_windows
+from engine.sliding_windows import first_visible_key, layer_windows
 
 # Prompt-logprob rows go through the LM head (and a float32 log-softmax) this many at a time,
 # which bounds the logits held at once; each such pass reads the head's weights.
@@ -300,7 +300,7 @@ class CostModel:
         first visible key (the kernels never load keys before it)."""
         start = chunk.context_len - chunk.num_new_tokens
         return sum(
-            count * (chunk.context_len - first_visible(start, window))
+            count * (chunk.context_len - first_visible_key(start, window))
             for window, count in self._windows
         )
 
@@ -388,8 +388,3 @@ def attended(start: int, num_new: int, window: int | None) -> int:
     if first > window:
         return num_new * window
     return (first + window) * (window - first + 1) // 2 + (last - window) * window
-
-
-def first_visible(position: int, window: int | None) -> int:
-    """First key the query at position sees (0 without a window)."""
-    return 0 if window is None else max(0, position - window + 1)
