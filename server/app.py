@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI
 from server.auth import require_api_key
 from server.engine_client import EngineClient
 from server.errors import OpenAIError, install_error_handlers
+from server.exchange import GroupReleaseMiddleware
 from server.openapi import document_request_bodies
 from server.protocol import (
     ChatCompletionRequest,
@@ -30,7 +31,7 @@ from server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.responses_protocol import ResponsesRequest
+from server.protocol.responses import ResponsesRequest
 from server.routes import (
     chat,
     completions,
@@ -45,7 +46,6 @@ from server.routes import (
 )
 from server.routes import metrics as metrics_routes
 from server.routes import openapi as openapi_routes
-from server.routes.deps import GroupReleaseMiddleware
 from server.routes.version import package_version
 from server.settings import Settings
 

@@ -16,7 +16,7 @@ completes it (the text of those tokens may hold a stop string's start, never its
 request the engine finished on a stop token (EOS or a stop token id) does not show that
 token's text unless include_stop_str_in_output is set. A stop string that is exactly a
 special token's text (say "<|im_end|>", which skip_special_tokens hides from the text) is a
-stop token id for the engine (`special_stop_tokens`, server/sampling.py), and with
+stop token id for the engine (`special_stop_tokens`, server/request_params.py), and with
 include_stop_str_in_output its text is shown as the stop string.
 
 The text source is tokenizers' `DecodeStream` (one call into Rust per token) for a fast

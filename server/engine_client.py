@@ -10,8 +10,8 @@ one asyncio.Queue); the dispatcher routes each event to its group. Releasing a g
 whatever of it is unfinished, so a disconnect, a timeout or an error frees the engine's
 blocks the same way; a stop string finishes its engine request as stopped. A released group
 is settled (its bill booked once) when its last final event arrives. A group submitted inside
-an `exchange()` (the app opens one per HTTP request) is released when the exchange ends, even
-if the route raised before it handed the group to its response.
+an HTTP exchange (server/exchange.py) is released when the exchange ends, even if the route
+raised before it handed the group to its response.
 
 Liveness (`liveness()`, read by /health): the engine is dead when its thread has ended or
 reported a failure, and stalled when requests are pending and the thread has not finished an
@@ -26,9 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +37,7 @@ from server.admission import Admission
 from server.engine_commands import Abort, Add, Command, Snapshot, Stop
 from server.engine_loop import EngineLoop, LoopSide, MetricsFactory, safely
 from server.errors import OpenAIError
+from server.exchange import track
 from server.request_group import (
     FAILED,
     BillingAccount,
@@ -48,11 +47,6 @@ from server.request_group import (
 )
 
 log = logging.getLogger(__name__)
-
-# The groups submitted in the current exchange (per asyncio task; None outside exchange()).
-_exchange_groups: ContextVar[list[RequestGroup] | None] = ContextVar(
-    "meterserve_exchange_groups", default=None
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,21 +185,6 @@ class EngineClient:
 
     # ------------------------------------------------------------------------------ requests
 
-    @contextmanager
-    def exchange(self) -> Iterator[None]:
-        """One HTTP exchange: every group submitted inside it is released when it ends.
-
-        respond() releases its group as soon as the response ends; this is the backstop for a
-        route that raises between submit() and respond() (release() is idempotent)."""
-        groups: list[RequestGroup] = []
-        token = _exchange_groups.set(groups)
-        try:
-            yield
-        finally:
-            _exchange_groups.reset(token)
-            for group in groups:
-                self.release(group)
-
     def submit(
         self, specs: list[EngineRequestSpec], account: BillingAccount | None = None
     ) -> RequestGroup:
@@ -230,9 +209,7 @@ class EngineClient:
             account if account is not None else self.default_account(),
             lambda: self._observe_rejection("timeout"),
         )
-        exchange = _exchange_groups.get()
-        if exchange is not None:
-            exchange.append(group)
+        track(group)  # released when the HTTP exchange ends, whatever the route does
         self._groups.add(group)
         self._idle.clear()
         if not self._routes:

@@ -1,7 +1,7 @@
 """Compiling a request's grammar ahead, before it is submitted: off the event loop and out
 of every engine step.
 
-A route's constraint (server/sampling.py structured_output_of, the tool-call grammar of
+A route's constraint (server/structured_output_fields.py, the tool-call grammar of
 server/tool_calls/constraint.py) goes to the engine's compile worker
 (StructuredOutputs.compile_async, engine/structured_output.py); the route awaits it with a
 timeout, so by the time the request reaches the engine its grammar is cached and masking

@@ -13,7 +13,7 @@ unconstrained text:
 - `structural_tag`: refused (xgrammar has structural tags, but vLLM's JSON shape for them is
   not mapped);
 - two constraints at once (two guided fields, or one beside `response_format` or
-  `structured_outputs`) are refused by the caller, server/sampling.py structured_output_of.
+  `structured_outputs`) are refused by the caller, server/structured_output_fields.py.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ COMPLETIONS_HONOURED = frozenset(
     }
 )  # fmt: skip
 
-# POST /v1/responses (server/responses_protocol.py). previous_response_id and conversation
+# POST /v1/responses (server/protocol/responses.py). previous_response_id and conversation
 # need stored state: refused with a message saying meterserve is stateless.
 RESPONSES_HONOURED = frozenset(
     {

@@ -28,7 +28,7 @@ TIMED_OUT = "timeout"
 FAILED = "error"
 
 # Grammar compile seconds of the HTTP request being handled (its own task's context): the
-# route compiles (server/sampling.py) before it submits, and the group it submits takes them.
+# route compiles (server/structured_output_fields.py) before it submits, and the group it submits takes them.
 _grammar_compile_seconds: ContextVar[float] = ContextVar("grammar_compile_seconds", default=0.0)
 
 

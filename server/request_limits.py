@@ -3,7 +3,7 @@
 One tenant must not be able to stall the others with one request: each size below is checked
 at the HTTP edge (a 400 naming the field) before tokenizing, templating or admission, and the
 work that remains per request is done once per request, not once per choice (one parsed
-LogitBias, one stop list, shared by every choice: server/sampling.py). docs/api.md lists them.
+LogitBias, one stop list, shared by every choice: server/request_params.py). docs/api.md lists them.
 
 The request body itself is capped by --max-request-body-bytes (413), the prompt by the
 context (400 context_length_exceeded), choices per request by --max-choices-per-request, and

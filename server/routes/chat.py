@@ -1,21 +1,22 @@
 """POST /v1/chat/completions: messages through the tokenizer's chat template, streamed or not.
 
-With tools (server/tool_calls), the template renders them (or meterserve's hermes prompt does,
-for a template without tools), `required` and named tool_choice constrain the output with a
+The request runs through the serving core (server/serving.py); this module parses chat's
+protocol into a GenerationJob and builds chat's chunks and response. With tools
+(server/tool_calls), the template renders them (or meterserve's hermes prompt does, for a
+template without tools), `required` and named tool_choice constrain the output with a
 grammar, and calls are parsed from the text into `tool_calls`, whole or as streaming deltas.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
 from scheduler.output import TokenLogprobs
-from server.body import parse_request
+from server.app_state import new_id, unix_time
 from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient
 from server.errors import bad_request
 from server.generation import Generation
 from server.protocol import (
@@ -26,39 +27,13 @@ from server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
-    ChatMessage,
     ChatTokenLogprob,
     ResponseFunctionCall,
     ResponseToolCall,
     StreamProgress,
     TopLogprob,
 )
-from server.request_group import EngineRequestSpec
-from server.request_limits import check_num_choices
-from server.routes.completions import off_loop
-from server.routes.deps import (
-    billing_account,
-    engine_cache_salt,
-    get_settings,
-    new_id,
-    ready_client,
-    respond,
-    served_model_names,
-    token_texts,
-    tool_format,
-    tool_text_options,
-    unix_time,
-)
-from server.sampling import (
-    build_sampling_params,
-    check_model,
-    check_priority,
-    check_stop_strings,
-    choice_params,
-    resolve_max_tokens,
-    structured_output_of,
-    text_options,
-)
+from server.serving import ChatPrompt, GenerationJob, OpenAIServing
 from server.streaming import sse_event
 from server.tool_calls import (
     CallDelta,
@@ -69,9 +44,7 @@ from server.tool_calls import (
     ToolCallFormat,
     ToolChoice,
     ToolPolicy,
-    conversation_for_template,
     finish_reason_of,
-    output_constraint,
     resolve_tool_policy,
     stream_update,
 )
@@ -81,60 +54,38 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
 async def create_chat_completion(request: Request) -> Response:
-    body = await parse_request(
-        request, ChatCompletionRequest, get_settings(request).max_request_body_bytes
-    )
-    client = ready_client(request)
-    model = check_model(body.model, served_model_names(request))
-    check_num_choices(1, body.n, get_settings(request).max_choices_per_request, "messages")
-    stop = check_stop_strings(body.stop_strings)
-    priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
-    structured_output = await structured_output_of(body, client)  # 400: does not compile
-    tools = tool_policy_of(body)
-    fmt = tool_format(request, tools.tools)
-    # required / named tool_choice: a grammar, so calls always parse
-    structured_output = await output_constraint(
-        structured_output, tools, "response_format / structured_outputs", client, fmt
-    )
+    serving, body = await OpenAIServing.open(request, ChatCompletionRequest)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise bad_request(
             "give max_completion_tokens or max_tokens, not both", param="max_completion_tokens"
         )
-    prompt = await apply_chat_template(
-        client, body.messages, body.add_generation_prompt, tools.tools
-    )
-    requested = (
-        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    )
-    max_tokens = resolve_max_tokens(
-        requested, len(prompt), client.max_request_tokens, None, "messages"
-    )
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    request_id = new_id("chatcmpl")
-    params = build_sampling_params(
-        body,
-        max_tokens=max_tokens,
+    job = GenerationJob(
+        request_id=new_id("chatcmpl"),
+        fields=body,
+        prompt=ChatPrompt(body.messages, body.add_generation_prompt),
+        max_tokens=(
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        ),
+        n=body.n,
         logprobs=num_logprobs,
-        vocab_size=client.vocab_size,
-        tokenizer=client.tokenizer,
-        structured_output=structured_output,
+        tools=tool_policy_of(body),
     )
-    salt = engine_cache_salt(request, body.cache_salt)
-    specs = [
-        EngineRequestSpec(f"{request_id}-{j}", prompt, choice, priority=priority, cache_salt=salt)
-        for j, choice in enumerate(choice_params(params, body.n))
-    ]
-    group = client.submit(specs, billing_account(request))
-    options = tool_text_options(text_options(body, stop), fmt, tools)
-    generation = Generation(client, group, [prompt], body.n, options)
+    submitted = await serving.start(job)
     builder = _ChatBuilder(
-        request_id, model, generation, token_texts(request), num_logprobs, tools, fmt
+        submitted.request_id,
+        serving.model,
+        submitted.generation,
+        serving.token_texts,
+        num_logprobs,
+        submitted.tools,
+        submitted.fmt,
     )
-    return await respond(
-        request, client, group, generation, builder, body.stream, body.include_usage
-    )
+    return await serving.respond(submitted, builder, body.stream, body.include_usage)
 
 
 def tool_policy_of(body: ChatCompletionRequest) -> ToolPolicy:
@@ -154,60 +105,6 @@ def tool_policy_of(body: ChatCompletionRequest) -> ToolPolicy:
     else:
         resolved = ToolChoice("named", choice.function.name)
     return resolve_tool_policy(tools, resolved, body.parallel_tool_calls)
-
-
-async def apply_chat_template(
-    client: EngineClient,
-    messages: list[ChatMessage],
-    add_generation_prompt: bool = True,
-    tools: Sequence[FunctionTool] = (),
-) -> list[int]:
-    """Render messages (and tools, with their tool-call history) with the tokenizer's chat
-    template, then tokenize the text as is; both off the event loop when the messages are
-    long."""
-    tokenizer = client.tokenizer
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        raise bad_request("this model has no chat template; use /v1/completions", param="messages")
-    conversation, tools_arg = conversation_for_template(
-        [_turn(m) for m in messages], tools, template
-    )
-    extra = {} if tools_arg is None else {"tools": tools_arg}
-
-    def render() -> list[int]:
-        try:
-            text = tokenizer.apply_chat_template(
-                conversation,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **extra,
-            )
-        except Exception as exc:  # noqa: BLE001 - template errors (e.g. role order) are the user's
-            raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
-        # The template already holds the special tokens (BOS, role markers): add none.
-        return tokenizer.encode(text, add_special_tokens=False)
-
-    return await off_loop(render, sum(len(turn["content"]) for turn in conversation))
-
-
-def _turn(message: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates take it (OpenAI's shape; developer is system)."""
-    turn: dict[str, Any] = {
-        "role": "system" if message.role == "developer" else message.role,
-        "content": message.text(),
-    }
-    if message.tool_calls:
-        turn["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": call.type,
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        turn["tool_call_id"] = message.tool_call_id
-    return turn
 
 
 class _ChatBuilder:

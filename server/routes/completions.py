@@ -1,16 +1,18 @@
-"""POST /v1/completions: prompt (string, strings, token ids) in, text out, streamed or not."""
+"""POST /v1/completions: prompt (string, strings, token ids) in, text out, streamed or not.
+
+The request runs through the serving core (server/serving.py); this module parses the
+completions protocol into a GenerationJob and builds its chunks and response (echo, logprobs
+of the prompt and the completion, vLLM's prompt_logprobs).
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 
 from scheduler.output import TokenLogprobs
-from scheduler.sampling_params import SamplingParams
-from server.body import parse_request
+from server.app_state import new_id, unix_time
 from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import bad_request
@@ -23,114 +25,51 @@ from server.protocol import (
     PromptLogprob,
     StreamProgress,
 )
-from server.request_group import EngineRequestSpec
-from server.request_limits import MAX_PROMPTS, check_num_choices
-from server.routes.deps import (
-    billing_account,
-    engine_cache_salt,
-    get_settings,
-    new_id,
-    ready_client,
-    respond,
-    served_model_names,
-    token_texts,
-    unix_time,
-)
-from server.sampling import (
-    COMPLETIONS_DEFAULT_MAX_TOKENS,
-    build_sampling_params,
-    check_model,
-    check_priority,
-    check_stop_strings,
-    check_token_ids,
-    choice_params,
-    resolve_max_tokens,
-    structured_output_of,
-    text_options,
-    with_max_tokens,
-)
+from server.request_params import COMPLETIONS_DEFAULT_MAX_TOKENS
+from server.serving import GenerationJob, OpenAIServing, TextPrompt
 from server.streaming import sse_event
 
 router = APIRouter()
 
-# Up to this many characters the tokenizer runs inline: it blocks the event loop for well under
-# a millisecond (~0.5 ms for 1,000 characters with SmolLM2's tokenizer on 2 busy cores), and a
-# hop to a worker thread (~130 us) would cost a short prompt more than tokenizing it.
-INLINE_TOKENIZE_CHARS = 1_000
-
-T = TypeVar("T")
-
 
 @router.post("/v1/completions", response_model=CompletionResponse)
 async def create_completion(request: Request) -> Response:
-    body = await parse_request(
-        request, CompletionRequest, get_settings(request).max_request_body_bytes
-    )
-    client = ready_client(request)
-    model = check_model(body.model, served_model_names(request))
+    serving, body = await OpenAIServing.open(request, CompletionRequest)
     if body.prompt_logprobs is not None and body.stream:
         raise bad_request(
             "prompt_logprobs is not available with stream (as in vLLM); echo with logprobs "
             "streams the prompt's logprobs",
             param="prompt_logprobs",
         )
-    settings = get_settings(request)
-    check_num_choices(_num_prompts(body.prompt), body.n, settings.max_choices_per_request, "prompt")
-    stop = check_stop_strings(body.stop_strings)
-    priority = check_priority(body.priority, settings.engine.scheduling_policy)
-    structured_output = await structured_output_of(body, client)  # 400: does not compile
-    prompts = await tokenize_prompts(body.prompt, client)
-    request_id = new_id("cmpl")
-    salt = engine_cache_salt(request, body.cache_salt)
-    params: SamplingParams | None = None  # built once; other prompts differ in max_tokens
-    specs: list[EngineRequestSpec] = []
-    for p_index, prompt in enumerate(prompts):
-        max_tokens = resolve_max_tokens(
-            body.max_tokens,
-            len(prompt),
-            client.max_request_tokens,
-            COMPLETIONS_DEFAULT_MAX_TOKENS,
-            "prompt",
-        )
-        if params is None:
-            params = build_sampling_params(
-                body,
-                max_tokens=max_tokens,
-                logprobs=body.logprobs,
-                vocab_size=client.vocab_size,
-                tokenizer=client.tokenizer,
-                prompt_logprobs=_num_prompt_logprobs(body),
-                structured_output=structured_output,
-            )
-        for choice in choice_params(with_max_tokens(params, max_tokens), body.n):
-            choice_id = f"{request_id}-{len(specs)}"
-            specs.append(EngineRequestSpec(choice_id, prompt, choice, p_index, priority, salt))
-    group = client.submit(specs, billing_account(request))
-    generation = Generation(client, group, prompts, body.n, text_options(body, stop))
+    job = GenerationJob(
+        request_id=new_id("cmpl"),
+        fields=body,
+        prompt=TextPrompt(body.prompt),
+        max_tokens=body.max_tokens,
+        n=body.n,
+        logprobs=body.logprobs,
+        prompt_logprobs=_num_prompt_logprobs(body),
+        default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+    )
+    submitted = await serving.start(job)
     echo_texts = (
-        [_echo_text(body.prompt, prompts, i, client) for i in range(len(prompts))]
+        [
+            _echo_text(body.prompt, submitted.prompts, i, serving.client)
+            for i in range(len(submitted.prompts))
+        ]
         if body.echo
         else None
     )
     stream = _Stream(
-        request_id,
-        model,
-        generation,
-        token_texts(request),
+        submitted.request_id,
+        serving.model,
+        submitted.generation,
+        serving.token_texts,
         echo_texts,
         body.logprobs,
         body.prompt_logprobs,
     )
-    return await respond(
-        request, client, group, generation, stream, body.stream, body.include_usage
-    )
-
-
-def _num_prompts(prompt: str | list) -> int:
-    """How many prompts `prompt` holds (a string or a list of token ids is one)."""
-    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
-        return 1
-    return len(prompt)
+    return await serving.respond(submitted, stream, body.stream, body.include_usage)
 
 
 def _num_prompt_logprobs(body: CompletionRequest) -> int | None:
@@ -139,50 +78,6 @@ def _num_prompt_logprobs(body: CompletionRequest) -> int | None:
     asked = [body.logprobs if body.echo else None, body.prompt_logprobs]
     counts = [k for k in asked if k is not None]
     return max(counts) if counts else None
-
-
-async def tokenize_prompts(prompt: str | list, client: EngineClient) -> list[list[int]]:
-    """The request's prompts as token ids (a list of token ids is one prompt)."""
-    if isinstance(prompt, str):
-        prompts = await encode_texts(client.tokenizer, [prompt])
-    elif not prompt:
-        raise bad_request("prompt must not be empty", param="prompt")
-    elif isinstance(prompt[0], str):
-        if len(prompt) > MAX_PROMPTS:
-            raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
-        prompts = await encode_texts(client.tokenizer, prompt)
-    elif isinstance(prompt[0], int):
-        prompts = [list(prompt)]
-    else:
-        prompts = [list(p) for p in prompt]
-    if len(prompts) > MAX_PROMPTS:
-        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
-    for ids in prompts:
-        if not ids:
-            raise bad_request("prompt must not be empty", param="prompt")
-        check_token_ids(ids, client.vocab_size, "prompt")
-    return prompts
-
-
-async def encode_texts(
-    tokenizer: Any, texts: list[str], add_special_tokens: bool = True
-) -> list[list[int]]:
-    """Token ids of each text, tokenized off the event loop when the texts are long."""
-
-    def encode() -> list[list[int]]:
-        return [tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
-
-    return await off_loop(encode, sum(len(t) for t in texts))
-
-
-async def off_loop(work: Callable[[], T], num_chars: int) -> T:
-    """`work()` (tokenizing or rendering `num_chars` characters), in a worker thread when that
-    is long enough to stall the event loop. A fast tokenizer releases the GIL while it encodes,
-    so the loop keeps streaming other requests' tokens meanwhile; an error raised by `work`
-    (a 400 for a bad prompt) reaches the caller the same either way."""
-    if num_chars <= INLINE_TOKENIZE_CHARS:
-        return work()
-    return await asyncio.to_thread(work)
 
 
 def _echo_text(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server.routes.deps import get_client
+from server.app_state import get_client
 
 router = APIRouter()
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from server.app_state import get_client
 from server.errors import OpenAIError
-from server.routes.deps import get_client
 
 router = APIRouter()
 

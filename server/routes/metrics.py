@@ -109,5 +109,5 @@ class MetricsListener:
 class _SignalFreeServer(uvicorn.Server):
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
-        # The main server (server/drain.py) owns SIGTERM and SIGINT; it stops this one.
+        # The main server (server/draining_server.py) owns SIGTERM and SIGINT; it stops this one.
         yield

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from server.app_state import get_client, served_model_names
 from server.protocol import ModelCard, ModelList, dump
-from server.routes.deps import get_client, served_model_names
 
 router = APIRouter()
 

@@ -1,9 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, on the chat path.
 
 `instructions` and `input` become chat messages rendered by the chat template; the sampling
-fields become chat's (server/responses_protocol.py); one engine request (n is always 1) runs
-through the same Generation, billing and release as a chat completion. Streaming sends
-Responses' typed events (`event: <type>` + `data: <json>`, numbered by `sequence_number`):
+fields become chat's (server/protocol/responses.py); one engine request (n is always 1) runs
+through the serving core (server/serving.py) like a chat completion; this module builds
+Responses' output. Streaming sends Responses' typed events (`event: <type>` + `data: <json>`, numbered by `sequence_number`):
 response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta..., response.output_text.done,
 response.content_part.done, response.output_item.done, then response.completed (or
@@ -24,43 +24,22 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from scheduler.sampling_params import SamplingParams
-from server.body import parse_request
+from server.app_state import unix_time
 from server.errors import OpenAIError
 from server.generation import Generation
 from server.protocol import Usage, dump
-from server.request_group import EngineRequestSpec
-from server.responses_protocol import (
+from server.protocol.responses import ResponsesRequest
+from server.protocol.responses_output import (
     IncompleteDetails,
     InputTokensDetails,
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
     OutputText,
-    ResponsesRequest,
     ResponsesResponse,
     ResponseUsage,
 )
-from server.routes.chat import apply_chat_template
-from server.routes.deps import (
-    billing_account,
-    engine_cache_salt,
-    get_settings,
-    ready_client,
-    respond,
-    served_model_names,
-    tool_format,
-    tool_text_options,
-    unix_time,
-)
-from server.sampling import (
-    build_sampling_params,
-    check_model,
-    check_priority,
-    resolve_max_tokens,
-    structured_output_of,
-    text_options,
-)
-from server.streaming import SSEResponse
+from server.serving import ChatPrompt, GenerationJob, OpenAIServing
 from server.tool_calls import (
     CallDelta,
     ContentDelta,
@@ -68,7 +47,6 @@ from server.tool_calls import (
     ToolCall,
     ToolCallFormat,
     ToolPolicy,
-    output_constraint,
     resolve_tool_policy,
     stream_update,
 )
@@ -86,47 +64,32 @@ _RESPONSES_NAMES = {
 
 @router.post("/v1/responses", response_model=ResponsesResponse)
 async def create_response(request: Request) -> Response:
-    settings = get_settings(request)
-    body = await parse_request(request, ResponsesRequest, settings.max_request_body_bytes)
-    client = ready_client(request)
-    model = check_model(body.model, served_model_names(request))
+    serving, body = await OpenAIServing.open(request, ResponsesRequest)
     fields = body.sampling_fields()
-    priority = check_priority(fields.priority, settings.engine.scheduling_policy)
-    response_id = _new_id("resp")
     with _responses_names():
         tools = resolve_tool_policy(
             body.function_tools(), body.tool_choice_value(), body.parallel_tool_calls
         )
-        fmt = tool_format(request, tools.tools)
-        structured_output = await output_constraint(
-            await structured_output_of(fields, client),
-            tools,
-            "text.format json_object / json_schema",
-            client,
-            fmt,
+        job = GenerationJob(
+            request_id=_new_id("resp"),
+            fields=fields,
+            prompt=ChatPrompt(body.messages()),
+            max_tokens=fields.max_tokens,
+            tools=tools,
+            constraint_name="text.format json_object / json_schema",
         )
-        prompt = await apply_chat_template(client, body.messages(), True, tools.tools)
-        max_tokens = resolve_max_tokens(
-            fields.max_tokens, len(prompt), client.max_request_tokens, None, "messages"
-        )
-        params = build_sampling_params(
-            fields,
-            max_tokens=max_tokens,
-            logprobs=None,
-            vocab_size=client.vocab_size,
-            tokenizer=client.tokenizer,
-            structured_output=structured_output,
-        )
-    salt = engine_cache_salt(request, fields.cache_salt)
-    spec = EngineRequestSpec(f"{response_id}-0", prompt, params, priority=priority, cache_salt=salt)
-    group = client.submit([spec], billing_account(request))
-    options = tool_text_options(text_options(fields, []), fmt, tools)
-    generation = Generation(client, group, [prompt], 1, options)
-    builder = _ResponseBuilder(response_id, model, body, params, tools, fmt, generation)
-    if body.stream:
-        # Responses' stream ends with its last event: no `data: [DONE]`.
-        return SSEResponse(builder.events(), lambda: client.release(group), done=False)
-    return await respond(request, client, group, generation, builder, False, False)
+        submitted = await serving.start(job)
+    builder = _ResponseBuilder(
+        submitted.request_id,
+        serving.model,
+        body,
+        submitted.params,
+        submitted.tools,
+        submitted.fmt,
+        submitted.generation,
+    )
+    # Usage always rides on the last event; Responses' stream ends with it: no `data: [DONE]`.
+    return await serving.respond(submitted, builder, body.stream, True, done=False)
 
 
 @contextmanager

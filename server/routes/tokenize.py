@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from server.app_state import get_settings, ready_client, served_model_names, token_texts
 from server.body import parse_request
 from server.errors import bad_request
+from server.prompts import apply_chat_template, encode_texts
 from server.protocol import DetokenizeRequest, TokenizeRequest
-from server.routes.chat import apply_chat_template
-from server.routes.completions import encode_texts
-from server.routes.deps import get_settings, ready_client, served_model_names, token_texts
-from server.sampling import check_model, check_token_ids
+from server.request_params import check_model, check_token_ids
 
 router = APIRouter()
 

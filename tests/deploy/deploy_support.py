@@ -72,8 +72,8 @@ def only(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict
 
 @functools.cache
 def settings_env_names() -> frozenset[str]:
-    """METERSERVE_<FLAG> for every flag of `meterserve serve` (server/settings.py)."""
-    from server.settings import ENV_PREFIX, build_parser
+    """METERSERVE_<FLAG> for every flag of `meterserve serve` (server/cli_flags.py)."""
+    from server.cli_flags import ENV_PREFIX, build_parser
 
     return frozenset(
         ENV_PREFIX + action.dest.upper()

@@ -30,12 +30,12 @@ from engine.config import DEBUG_HANG_SECONDS
 from scheduler.output import TokenEvent
 from scheduler.sampling_params import SamplingParams
 from server.app import create_app
+from server.app_state import billing_account, ready_client
 from server.engine_client import EngineClient
 from server.engine_commands import Abort, Command, Snapshot, Stop
 from server.engine_loop import LoopSide
 from server.errors import OpenAIError
 from server.request_group import EngineRequestSpec, RequestGroup
-from server.routes.deps import billing_account, ready_client
 from server.settings import Settings
 
 MODEL = "SmolLM2-135M-Instruct"

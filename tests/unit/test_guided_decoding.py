@@ -14,7 +14,7 @@ from scheduler.sampling_params import StructuredOutput
 from server.errors import OpenAIError
 from server.guided_decoding import guided_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.sampling import structured_output_of
+from server.structured_output_fields import structured_output_of
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 GRAMMAR = 'root ::= "yes" | "no"'

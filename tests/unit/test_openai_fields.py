@@ -20,7 +20,7 @@ from server.openai_fields import (
     RESPONSES_REFUSED,
 )
 from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.responses_protocol import ResponsesRequest
+from server.protocol.responses import ResponsesRequest
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

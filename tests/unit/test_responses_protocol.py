@@ -9,11 +9,11 @@ from openai.types.responses import Response as SDKResponse
 from pydantic import ValidationError
 
 from server.errors import OpenAIError
-from server.responses_protocol import (
+from server.protocol.responses import ResponsesRequest
+from server.protocol.responses_output import (
     InputTokensDetails,
     OutputMessage,
     OutputText,
-    ResponsesRequest,
     ResponsesResponse,
     ResponseUsage,
 )

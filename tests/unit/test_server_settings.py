@@ -7,7 +7,8 @@ import pytest
 from engine.meter.config import MeterConfig
 from server.auth import key_matches
 from server.cli import main
-from server.settings import Settings, SettingsError, parse_bytes
+from server.cli_flags import parse_bytes
+from server.settings import Settings, SettingsError
 from server.tenants import PricePlan, Tenant, TenantDirectory
 
 

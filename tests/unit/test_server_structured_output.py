@@ -22,7 +22,7 @@ from server.errors import OpenAIError
 from server.grammar_compile import MAX_GRAMMAR_SPEC_CHARS
 from server.protocol import ChatCompletionRequest
 from server.request_group import BillingAccount, EngineRequestSpec, RequestGroup
-from server.sampling import structured_output_of
+from server.structured_output_fields import structured_output_of
 from server.tool_calls import FunctionTool, ToolChoice, output_constraint, resolve_tool_policy
 
 ACCOUNT = BillingAccount("acme", Prices(1.0, 4.0))

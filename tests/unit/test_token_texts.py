@@ -15,9 +15,8 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.loader import load_checkpoint
 from server.errors import OpenAIError
+from server.prompts import INLINE_TOKENIZE_CHARS, apply_chat_template, tokenize_prompts
 from server.protocol import ChatMessage
-from server.routes.chat import apply_chat_template
-from server.routes.completions import INLINE_TOKENIZE_CHARS, tokenize_prompts
 from server.token_texts import TokenTexts
 
 LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. 世界 🎉 " * 5_000)[:200_000]

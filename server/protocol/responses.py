@@ -7,9 +7,7 @@ path unchanged. meterserve is stateless: nothing is stored, `previous_response_i
 `conversation` are refused, and every response says `"store": false` whatever the request
 asked (OpenAI's default is to store; vLLM accepts `store` too).
 
-The response models mirror the wire format of the `openai` package's `Response` types (the
-SDK parses them; tests/integration/test_responses_api.py checks it); they are our own
-because the `openai` package is not a server dependency.
+The response models are server/protocol/responses_output.py's.
 """
 
 from __future__ import annotations
@@ -26,18 +24,20 @@ from server.openai_fields import (
     RESPONSES_TEXT_REFUSED,
     check_extra_fields,
 )
-from server.protocol import (
+from server.protocol.chat import (
     FUNCTION_NAME_PATTERN,
-    MAX_TOOLS,
-    CacheSalt,
     ChatMessage,
-    JsonSchemaFormat,
-    LogitBiasField,
     MessageToolCall,
-    ResponseFormat,
-    SamplingFields,
     ToolCallFunction,
 )
+from server.protocol.request_fields import (
+    CacheSalt,
+    JsonSchemaFormat,
+    LogitBiasField,
+    ResponseFormat,
+    SamplingFields,
+)
+from server.request_limits import MAX_TOOLS
 from server.tool_calls import FunctionTool, ToolChoice
 from server.tool_calls.tools import check_function_tool
 
@@ -46,12 +46,9 @@ STATEFUL_FIELDS = ("previous_response_id", "conversation")
 
 
 class _Request(BaseModel):
-    # Strict like every request model (server/protocol.py); extra="allow" keeps the fields we
+    # Strict like every request model (server/protocol/request_fields.py); extra="allow" keeps the fields we
     # do not model so check_fields() can refuse the ones we do not honour by name.
     model_config = ConfigDict(strict=True, extra="allow")
-
-
-# ---- request ---------------------------------------------------------------------------
 
 
 class InputTextPart(_Request):
@@ -271,89 +268,3 @@ class ResponsesRequest(_Request):
             stream=self.stream,
             response_format=self.format.response_format(),
         )
-
-
-# ---- response --------------------------------------------------------------------------
-
-
-class OutputText(BaseModel):
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
-
-
-class OutputMessage(BaseModel):
-    type: Literal["message"] = "message"
-    id: str
-    status: Literal["in_progress", "completed", "incomplete"]
-    role: Literal["assistant"] = "assistant"
-    content: list[OutputText]
-
-
-class OutputFunctionCall(BaseModel):
-    """A call the model made: `call_id` pairs it with the function_call_output the client
-    sends back."""
-
-    type: Literal["function_call"] = "function_call"
-    id: str
-    call_id: str
-    name: str
-    arguments: str  # the arguments object as JSON text
-    status: Literal["in_progress", "completed", "incomplete"] = "completed"
-
-
-OutputItem = OutputMessage | OutputFunctionCall
-
-
-class InputTokensDetails(BaseModel):
-    cached_tokens: int = 0
-    # OpenAI's separately billed writes of explicit prompt caching; meterserve bills every
-    # uncached input token alike, so none is a cache write.
-    cache_write_tokens: int = 0
-
-
-class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = 0
-
-
-class ResponseUsage(BaseModel):
-    """Responses' token counts, plus the meter's extension fields chat's `usage` carries
-    (cost_usd, revenue_usd, seconds, FLOPs; docs/metrics.md)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
-    total_tokens: int
-
-
-class IncompleteDetails(BaseModel):
-    reason: Literal["max_output_tokens"]
-
-
-class ResponsesResponse(BaseModel):
-    id: str
-    object: Literal["response"] = "response"
-    created_at: int
-    completed_at: int | None = None
-    status: Literal["in_progress", "completed", "incomplete"]
-    error: None = None
-    incomplete_details: IncompleteDetails | None = None
-    instructions: str | None = None
-    model: str
-    output: list[OutputItem]
-    max_output_tokens: int | None = None
-    temperature: float
-    top_p: float
-    text: dict[str, Any]  # {"format": the request's text.format, or {"type": "text"}}
-    tools: list[dict[str, Any]] = Field(default_factory=list)
-    tool_choice: str | dict[str, Any] = "auto"
-    parallel_tool_calls: bool = True
-    previous_response_id: None = None
-    store: Literal[False] = False  # stateless: nothing can be retrieved by this id
-    background: Literal[False] = False
-    truncation: Literal["disabled"] = "disabled"
-    usage: ResponseUsage | None = None

@@ -1,23 +1,22 @@
-"""From an OpenAI request to engine inputs: model check, prompt checks, SamplingParams.
+"""A request's fields as engine inputs: the model check, prompt and field checks, max_tokens,
+SamplingParams (once per request, then per choice) and the text options of its choices.
 
-Everything here raises OpenAIError (400 or 404) naming the offending parameter, so routes
-can turn any request into engine requests in a few lines.
+Everything here raises OpenAIError (400 or 404) naming the offending parameter; the serving
+core (server/serving.py) calls it for every endpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from scheduler.logit_bias import NO_LOGIT_BIAS
 from scheduler.sampling_params import SamplingParams, SamplingParamsError, StructuredOutput
 from server.detokenizer import TextOptions, special_stop_tokens
 from server.errors import OpenAIError, bad_request
-from server.grammar_compile import check_spec_size, compile_ahead
-from server.guided_decoding import guided_constraint
 from server.protocol import SamplingFields
 from server.request_limits import check_logit_bias_range
+from server.tool_calls import ToolCallFormat, ToolPolicy
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
@@ -132,69 +131,6 @@ def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
     return dataclasses.replace(params, max_tokens=max_tokens)
 
 
-async def structured_output_of(body: SamplingFields, client: Any) -> StructuredOutput | None:
-    """The request's constraint (response_format, vLLM's structured_outputs or its older
-    guided_* fields, server/guided_decoding.py), compiled ahead on the engine's compile
-    worker (`client.structured`, server/grammar_compile.py): a grammar xgrammar refuses,
-    one over MAX_GRAMMAR_SPEC_CHARS or one that does not compile in time is a 400 naming the
-    problem, before anything runs."""
-    fmt, vllm = body.response_format, body.structured_outputs
-    param = "response_format"
-    constraint = None
-    if fmt is not None and fmt.type == "json_object":
-        constraint = StructuredOutput("json_object")
-    elif fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-            raise bad_request(
-                "response_format of type json_schema needs json_schema.schema", param=param
-            )
-        constraint = StructuredOutput("json_schema", json.dumps(fmt.json_schema.schema_))
-    if vllm is not None:
-        if constraint is not None:
-            raise bad_request("give response_format or structured_outputs, not both", param=param)
-        param = "structured_outputs"
-        constraint = _vllm_constraint(vllm)
-    guided = guided_constraint(body)  # vLLM's older guided_* fields
-    if guided is not None:
-        if constraint is not None:
-            raise bad_request(f"give {param} or {guided.param}, not both", param=guided.param)
-        param, constraint = guided.param, guided.constraint
-    if constraint is not None:
-        check_spec_size(len(constraint.spec), param, param)
-        await compile_ahead(constraint, client.structured, param, f"invalid {param}")
-    return constraint
-
-
-def _vllm_constraint(params: Any) -> StructuredOutput:
-    """Exactly one of vLLM's json, regex, choice, grammar, json_object."""
-    given = {
-        name: value
-        for name, value in (
-            ("json", params.json_),
-            ("regex", params.regex),
-            ("choice", params.choice),
-            ("grammar", params.grammar),
-            ("json_object", params.json_object or None),
-        )
-        if value is not None
-    }
-    if len(given) != 1:
-        raise bad_request(
-            "structured_outputs needs exactly one of json, regex, choice, grammar, json_object "
-            f"(got {', '.join(sorted(given)) or 'none'})",
-            param="structured_outputs",
-        )
-    [(name, value)] = given.items()
-    if name == "json":
-        spec = value if isinstance(value, str) else json.dumps(value)
-        return StructuredOutput("json_schema", spec)
-    if name == "choice":
-        return StructuredOutput("choice", json.dumps(value))
-    if name == "json_object":
-        return StructuredOutput("json_object")
-    return StructuredOutput(name, value)
-
-
 def text_options(body: SamplingFields, stop: list[str]) -> TextOptions:
     """How the choices' text is made: stop strings (checked) and vLLM's text options."""
     return TextOptions(
@@ -203,6 +139,14 @@ def text_options(body: SamplingFields, stop: list[str]) -> TextOptions:
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
     )
+
+
+def tool_text_options(options: TextOptions, fmt: ToolCallFormat, tools: ToolPolicy) -> TextOptions:
+    """The text options, with special tokens' text kept when the calls' markers are special
+    tokens (mistral's [TOOL_CALLS]) and calls are parsed, as vLLM's parsers ask for."""
+    if fmt.needs_special_tokens and tools.parses_calls:
+        return dataclasses.replace(options, skip_special_tokens=False)
+    return options
 
 
 def _top_k(value: int | None) -> int:

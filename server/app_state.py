@@ -1,31 +1,24 @@
-"""What route handlers take from app.state (settings, the engine client, served model names),
-how a generation becomes the HTTP response, and the middleware that makes sure every request
-group a route submitted is released when its HTTP exchange ends."""
+"""What route handlers take from app.state and the HTTP request: settings, the engine client
+(503 until it is ready), served model names, the request's billing account and prefix-cache
+salt, the tool-call format, memoized token texts; and ids and timestamps for responses."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
 
-from fastapi import Request, Response
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi import Request
 
 from engine.meter.billing import Prices
 from server.cache_salt import cache_salt
-from server.detokenizer import TextOptions, TokenTexts
+from server.detokenizer import TokenTexts
 from server.engine_client import EngineClient
 from server.errors import OpenAIError
-from server.generation import ClientDisconnected, Generation, until_disconnected
-from server.protocol import dump
-from server.request_group import BillingAccount, RequestGroup
+from server.request_group import BillingAccount
 from server.settings import Settings
-from server.streaming import SSEResponse
 from server.tenants import DEFAULT_TENANT_NAME
-from server.tool_calls import FunctionTool, ToolCallFormat, ToolPolicy, tool_call_format
+from server.tool_calls import FunctionTool, ToolCallFormat, tool_call_format
 
 
 def get_settings(request: Request) -> Settings:
@@ -94,14 +87,6 @@ def tool_format(request: Request, tools: Sequence[FunctionTool]) -> ToolCallForm
     return tool_call_format(get_settings(request).tool_call_parser, template, tools)
 
 
-def tool_text_options(options: TextOptions, fmt: ToolCallFormat, tools: ToolPolicy) -> TextOptions:
-    """The text options, with special tokens' text kept when the calls' markers are special
-    tokens (mistral's [TOOL_CALLS]) and calls are parsed, as vLLM's parsers ask for."""
-    if fmt.needs_special_tokens and tools.parses_calls:
-        return dataclasses.replace(options, skip_special_tokens=False)
-    return options
-
-
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -118,58 +103,3 @@ def token_texts(request: Request) -> TokenTexts:
         texts = TokenTexts(get_client(request).tokenizer)
         state.token_texts = texts
     return texts
-
-
-class ResponseBuilder(Protocol):
-    """Turns one Generation into SSE chunks or one response body (chat or completions)."""
-
-    def events(self, include_usage: bool) -> AsyncIterator[str]: ...
-
-    def response(self) -> Any: ...
-
-
-async def respond(
-    request: Request,
-    client: EngineClient,
-    group: RequestGroup,
-    generation: Generation,
-    builder: ResponseBuilder,
-    stream: bool,
-    include_usage: bool,
-) -> Response:
-    """Stream the generation as SSE, or run it to the end and answer once.
-
-    Either way the group is released when the response ends, fails or the client leaves
-    (a non-streaming client that disconnects gets a 499 that nobody reads).
-    """
-    if stream:
-        return SSEResponse(builder.events(include_usage), lambda: client.release(group))
-    try:
-        await until_disconnected(request, generation.run())
-        body = dump(builder.response())  # before the release: it may relabel finishes
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        client.release(group)
-    return JSONResponse(body)
-
-
-class GroupReleaseMiddleware:
-    """ASGI middleware: each HTTP exchange runs inside `EngineClient.exchange()`, so a group
-    that a route submitted is released when the exchange ends, however it ends.
-
-    respond() releases its group first, as soon as the response is over; this catches a route
-    that raises between submit() and respond(), whose group would otherwise stay registered
-    (its engine requests running, and every later drain waiting out the grace period).
-    """
-
-    def __init__(self, app: ASGIApp, client: EngineClient) -> None:
-        self.app = app
-        self.client = client
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        with self.client.exchange():
-            await self.app(scope, receive, send)
