@@ -28,9 +28,9 @@ class EngineConfig:
     # Native C++ kernels (engine/kernels) for decode matmuls, norms, RoPE and paged attention;
     # False, or METERSERVE_CPU_KERNELS=0, keeps everything in plain torch.
     cpu_kernels: bool = True
-    # With the kernels and bfloat16, a GGUF model's decode matvecs (<= 4 rows, <= 8 in a
-    # decode-only step) read the file's own Q4_1/Q8_0 blocks, checked at load to equal the
-    # float weights exactly.
+    # With the kernels and bfloat16, a GGUF model's linear layers read the file's own blocks at
+    # every batch size (kernels.gguf_linear); False dequantizes them once at load into packed
+    # bf16 layers (one bf16 copy, the block bytes dropped).
     gguf_matvec: bool = True
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     # Testing aids for fault handling, each None (the default) = off. A step whose chunks

@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gguf-matvec",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="GGUF models: decode matvecs read the file's quantized blocks",
+        help="GGUF models: linear layers read the file's quantized blocks at every batch size "
+        "(--no-gguf-matvec: dequantize them to bf16 once at load)",
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
