@@ -20,10 +20,11 @@ from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
-from engine.loader import LoadedCheckpoint
+from engine.loader import LoadedCheckpoint, ModelLoadError
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.decode_stack import build_decode_stack
+from engine.models.int8_linear import Int8Linear, quantize_linear, quantize_linears
 from engine.models.layer_ops import make_layer_ops
 from engine.models.moe import SparseMoE
 from engine.models.packed_linear import (
@@ -70,14 +71,19 @@ def _count_params(model) -> int:
     """Parameters of the model, a tied LM head counted once (it is the embedding). Every
     expert of a SparseMoE counts (its AMX tile layout holds exactly the expert's values)."""
     tied = model.shape.tie_word_embeddings
-    return sum(
+    params = sum(
         p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight")
+    )
+    # An Int8Linear holds its weight as int8 codes, not parameters: still that many weights.
+    int8 = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    return params + sum(
+        m.out_features * m.in_features + (0 if m.bias is None else m.bias.numel()) for m in int8
     )
 
 
 def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
     """(small-batch, large-batch) bytes of a module's own weights, not its children's."""
-    if isinstance(module, PackedLinear):
+    if isinstance(module, PackedLinear | Int8Linear):
         return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
     own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
     return own, own
@@ -106,13 +112,26 @@ class ModelRunner:
             self.dtype,
             make_layer_ops(self.kernels),
         )
+        self.num_int8_layers = 0  # linear layers quantized to int8 (--quantization int8)
+        int8 = config.quantization == "int8"
+        if int8:  # quantize each linear as it loads: the bf16 model never exists whole
+            self._check_int8(checkpoint)
+            self.model.on_linear_loaded = self._quantize_loaded
         self.model.load_weights(checkpoint.weights)  # already in self.dtype
         self.model.eval()
         self.shape = self.model.shape
         self.num_params = _count_params(self.model)
         self.num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks
+        if int8:
+            del self.model.on_linear_loaded
+            self.num_int8_layers += quantize_linears(
+                self.model, self.kernels, skip=(self.model.lm_head,)
+            )
+            log.info(
+                "%d linear layers quantized to int8 (LM head kept in bf16)", self.num_int8_layers
+            )
         if self.dtype == torch.bfloat16 and packing_available():
-            use_blocks = self.kernels is not None and config.gguf_matvec
+            use_blocks = self.kernels is not None and config.gguf_matvec and not int8
             blocks = self._gguf_blocks(checkpoint) if use_blocks else {}
             self.num_gguf_matvec_layers = len(blocks)
             pack_linears(self.model, self.kernels, blocks)  # consumes blocks
@@ -121,6 +140,22 @@ class ModelRunner:
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
         self.num_experts_run = 0  # of the last execute() (a MoE model's expert weight reads)
+
+    def _check_int8(self, checkpoint: LoadedCheckpoint) -> None:
+        """--quantization int8 needs bf16 activations and the kernels. A GGUF model's
+        dequantized float weights are what gets quantized (its own blocks are then unused)."""
+        if self.dtype != torch.bfloat16:
+            raise ModelLoadError(
+                f"--quantization int8 needs bfloat16 activations; this model serves in {self.dtype}"
+                " (--dtype bfloat16 needs a CPU with AVX512-BF16)"
+            )
+        if self.kernels is None:
+            raise ModelLoadError("--quantization int8 needs the native CPU kernels (unavailable)")
+        if checkpoint.gguf_path is not None:
+            log.warning("int8: quantizing the GGUF file's dequantized weights, not its blocks")
+
+    def _quantize_loaded(self, name: str) -> None:
+        self.num_int8_layers += quantize_linear(self.model, name, self.kernels)
 
     def _gguf_blocks(self, checkpoint: LoadedCheckpoint) -> dict[torch.nn.Module, RepackedWeight]:
         """Our bias-free linear layers (not packed yet) -> their GGUF blocks in the layout the

@@ -49,6 +49,7 @@ _ENGINE_FIELDS = (
     "attention_backend",
     "cpu_kernels",
     "gguf_matvec",
+    "quantization",
     "num_threads",
     "debug_fault_token_id",
     "debug_hang_token_id",
@@ -265,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="GGUF models: decode matvecs read the file's quantized blocks",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=["none", "int8"],
+        default="none",
+        help="int8: quantize a bf16/fp16 checkpoint's linears at load (weights per channel)",
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
