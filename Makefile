@@ -9,7 +9,7 @@ PORT ?= 8000
 # wheel index (PyPI's Linux torch wheel is the much larger GPU build, which meterserve never uses).
 TORCH_INDEX_URL ?=
 
-.PHONY: serve test install install-test prometheus chromium bench lint clean
+.PHONY: serve test install install-test prometheus chromium bench bench-report lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ test: install-test prometheus chromium
 
 bench: install
 	$(BIN)/meterserve bench
+
+# The README's serving figures: meterserve and, with REPORT_ARGS naming one, a peer server
+# measured back to back (loadtest/bench_report.py; docs/benchmarks.md has the vLLM command).
+REPORT_ARGS ?=
+bench-report: install
+	$(BIN)/python -m loadtest.bench_report --readme README.md $(REPORT_ARGS)
 
 lint: install-test
 	$(BIN)/python -m ruff check . && $(BIN)/python -m ruff format --check .

@@ -155,6 +155,11 @@ class Generation:
         choice.finish_reason = reason
         self.group.finish_reasons[choice.index] = reason
 
+    def label_tool_calls(self, index: int) -> None:
+        """Choice `index` ended with tool calls: its client got `tool_calls` (not `stop`), and
+        the metrics book the label the client got."""
+        self._finish(self.choices[index], "tool_calls")
+
     def _fail(self, choice: ChoiceState, event: TokenEvent) -> None:
         """The engine ended the choice with an error (or aborted it on its own)."""
         self._finish(choice, FAILED)

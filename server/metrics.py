@@ -45,7 +45,7 @@ from server.tenant_metrics import TenantMetrics
 PREFIX = "meterserve_"
 PHASES = ("prefill", "decode")
 # Requests that ended normally; aborts, timeouts and errors never count as goodput.
-COMPLETED_REASONS = ("stop", "length")
+COMPLETED_REASONS = ("stop", "length", "tool_calls")
 FINISHED_REASONS = (*COMPLETED_REASONS, "abort", "timeout", "error")
 # A request that ended without a first token misses the TTFT SLO when the server failed it or
 # when it waited past the SLO; a client that gave up sooner tells nothing about the server.

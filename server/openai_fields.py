@@ -88,6 +88,13 @@ RESPONSES_IGNORED = IGNORED | {
     "stream_options", "prompt_cache_retention", "prompt_cache_options", "image",
     "background_options", "access_programs",
 }  # fmt: skip
+# vLLM's structured-output extensions: honoured on chat and completions
+# (server/guided_decoding.py); a Responses request constrains its output through `text.format`.
+RESPONSES_EXTENSIONS_REFUSED: Mapping[str, tuple[Any, ...]] = dict.fromkeys(
+    ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+     "guided_json_object", "guided_decoding_backend", "guided_whitespace_pattern"),
+    _NOT_SET,
+)  # fmt: skip
 # Fields of `text` beyond `format`.
 RESPONSES_TEXT_REFUSED: Mapping[str, tuple[Any, ...]] = {"verbosity": _NOT_SET}
 

@@ -124,6 +124,16 @@ class SamplingFields(_Request):
     # or vLLM's structured_outputs extension; at most one of them.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's older spelling of structured_outputs (server/guided_decoding.py): aliases, or a
+    # 400 naming the field when meterserve cannot honour it.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_json_object: bool | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structural_tag: str | None = None
 
     @property
     def stop_strings(self) -> list[str]:

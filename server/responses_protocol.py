@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from server.errors import bad_request
 from server.openai_fields import (
+    RESPONSES_EXTENSIONS_REFUSED,
     RESPONSES_IGNORED,
     RESPONSES_REFUSED,
     RESPONSES_TEXT_REFUSED,
@@ -200,7 +201,8 @@ class ResponsesRequest(_Request):
                     param=name,
                     code="unsupported_parameter",
                 )
-        check_extra_fields(extra, RESPONSES_REFUSED, "the request")
+        refused = {**RESPONSES_REFUSED, **RESPONSES_EXTENSIONS_REFUSED}
+        check_extra_fields(extra, refused, "the request")
         if self.text is not None:
             check_extra_fields(self.text.model_extra, RESPONSES_TEXT_REFUSED, "text", "text")
         for index, tool in enumerate(self.tools or ()):

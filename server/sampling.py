@@ -15,6 +15,7 @@ from scheduler.sampling_params import SamplingParams, SamplingParamsError, Struc
 from server.detokenizer import TextOptions, special_stop_tokens
 from server.errors import OpenAIError, bad_request
 from server.grammar_compile import check_spec_size, compile_ahead
+from server.guided_decoding import guided_constraint
 from server.protocol import SamplingFields
 from server.request_limits import check_logit_bias_range
 
@@ -132,10 +133,11 @@ def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
 
 
 async def structured_output_of(body: SamplingFields, client: Any) -> StructuredOutput | None:
-    """The request's constraint (response_format, or vLLM's structured_outputs), compiled
-    ahead on the engine's compile worker (`client.structured`, server/grammar_compile.py): a
-    grammar xgrammar refuses, one over MAX_GRAMMAR_SPEC_CHARS or one that does not compile in
-    time is a 400 naming the problem, before anything runs."""
+    """The request's constraint (response_format, vLLM's structured_outputs or its older
+    guided_* fields, server/guided_decoding.py), compiled ahead on the engine's compile
+    worker (`client.structured`, server/grammar_compile.py): a grammar xgrammar refuses,
+    one over MAX_GRAMMAR_SPEC_CHARS or one that does not compile in time is a 400 naming the
+    problem, before anything runs."""
     fmt, vllm = body.response_format, body.structured_outputs
     param = "response_format"
     constraint = None
@@ -152,6 +154,11 @@ async def structured_output_of(body: SamplingFields, client: Any) -> StructuredO
             raise bad_request("give response_format or structured_outputs, not both", param=param)
         param = "structured_outputs"
         constraint = _vllm_constraint(vllm)
+    guided = guided_constraint(body)  # vLLM's older guided_* fields
+    if guided is not None:
+        if constraint is not None:
+            raise bad_request(f"give {param} or {guided.param}, not both", param=guided.param)
+        param, constraint = guided.param, guided.constraint
     if constraint is not None:
         check_spec_size(len(constraint.spec), param, param)
         await compile_ahead(constraint, client.structured, param, f"invalid {param}")

@@ -19,6 +19,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.meter.config import MeterConfig
 from server.tenants import TenantDirectory, check_header_name
+from server.tool_parsers import DEFAULT_PARSER, PARSER_NAMES
 
 ENV_PREFIX = "METERSERVE_"
 
@@ -70,6 +71,9 @@ class Settings:
     api_keys: tuple[str, ...] = ()  # the plain --api-key keys; all keys live in `tenants`
     tenants: TenantDirectory = field(default_factory=TenantDirectory)  # no keys = no auth
     served_model_name: str | None = None  # None = the model's own name
+    # How the model writes tool calls (server/tool_parsers): a format's name, or auto (picked
+    # from the chat template).
+    tool_call_parser: str = "hermes"
     max_waiting_requests: int = 256  # engine requests accepted but without a first token yet
     max_queued_tokens: int = 262_144  # prompt tokens of those requests
     request_timeout: float | None = 600.0  # seconds from arrival to the last token; None = none
@@ -137,6 +141,7 @@ class Settings:
             api_keys=api_keys,
             tenants=_tenants(ns, api_keys),
             served_model_name=ns.served_model_name,
+            tool_call_parser=ns.tool_call_parser,
             max_waiting_requests=ns.max_waiting_requests,
             max_queued_tokens=ns.max_queued_tokens,
             request_timeout=ns.request_timeout if ns.request_timeout else None,
@@ -199,6 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients use")
+    p.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_NAMES,
+        default=DEFAULT_PARSER,
+        help="the format tool calls are parsed from and forced into (vLLM's names); auto "
+        "picks it from the chat template",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM's command lines: tool_choice auto is always on",
+    )
     p.add_argument(
         "--api-key",
         action="append",

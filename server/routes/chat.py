@@ -45,6 +45,8 @@ from server.routes.deps import (
     respond,
     served_model_names,
     token_texts,
+    tool_format,
+    tool_text_options,
     unix_time,
 )
 from server.sampling import (
@@ -62,16 +64,16 @@ from server.tool_calls import (
     CallDelta,
     ContentDelta,
     FunctionTool,
-    HermesStreamParser,
     StreamDelta,
     ToolCall,
+    ToolCallFormat,
     ToolChoice,
     ToolPolicy,
     conversation_for_template,
     finish_reason_of,
     output_constraint,
-    parse_tool_calls,
     resolve_tool_policy,
+    stream_update,
 )
 
 router = APIRouter()
@@ -89,9 +91,10 @@ async def create_chat_completion(request: Request) -> Response:
     priority = check_priority(body.priority, get_settings(request).engine.scheduling_policy)
     structured_output = await structured_output_of(body, client)  # 400: does not compile
     tools = tool_policy_of(body)
+    fmt = tool_format(request, tools.tools)
     # required / named tool_choice: a grammar, so calls always parse
     structured_output = await output_constraint(
-        structured_output, tools, "response_format / structured_outputs", client
+        structured_output, tools, "response_format / structured_outputs", client, fmt
     )
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -124,8 +127,11 @@ async def create_chat_completion(request: Request) -> Response:
         for j, choice in enumerate(choice_params(params, body.n))
     ]
     group = client.submit(specs, billing_account(request))
-    generation = Generation(client, group, [prompt], body.n, text_options(body, stop))
-    builder = _ChatBuilder(request_id, model, generation, token_texts(request), num_logprobs, tools)
+    options = tool_text_options(text_options(body, stop), fmt, tools)
+    generation = Generation(client, group, [prompt], body.n, options)
+    builder = _ChatBuilder(
+        request_id, model, generation, token_texts(request), num_logprobs, tools, fmt
+    )
     return await respond(
         request, client, group, generation, builder, body.stream, body.include_usage
     )
@@ -206,8 +212,8 @@ def _turn(message: ChatMessage) -> dict[str, Any]:
 
 class _ChatBuilder:
     """Builds chat chunks and the final chat response from one Generation. With tool calls to
-    parse, each choice's text goes through a hermes stream parser (streaming) or the parser
-    (at the end); otherwise the text is the content as it comes."""
+    parse, each choice's text goes through the tool-call format's stream parser (streaming) or
+    its parse (at the end); otherwise the text is the content as it comes."""
 
     def __init__(
         self,
@@ -217,6 +223,7 @@ class _ChatBuilder:
         texts: TokenTexts,
         num_logprobs: int | None,
         tools: ToolPolicy,
+        fmt: ToolCallFormat,
     ) -> None:
         self.request_id = request_id
         self.model = model
@@ -224,13 +231,14 @@ class _ChatBuilder:
         self.texts = texts
         self.num_logprobs = num_logprobs
         self.tools = tools
+        self.fmt = fmt
         self.created = unix_time()
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
         parsers = {}
         if self.tools.parses_calls:
             parsers = {
-                c.index: HermesStreamParser(self.tools.max_calls) for c in self.generation.choices
+                c.index: self.fmt.stream(self.tools.max_calls) for c in self.generation.choices
             }
         for state in self.generation.choices:
             first = ChatChunkChoice(index=state.index, delta={"role": "assistant", "content": ""})
@@ -248,9 +256,11 @@ class _ChatBuilder:
             if parser is None:
                 deltas: list[dict[str, Any]] = [{"content": update.text} if update.text else {}]
             else:
-                parsed = parser.update(update.text, finished=finish_reason is not None)
+                parsed = stream_update(parser, update.text, finished=finish_reason is not None)
                 if finish_reason is not None:
                     finish_reason = finish_reason_of(finish_reason, parser.num_calls > 0)
+                    if finish_reason == "tool_calls":
+                        self.generation.label_tool_calls(update.index)
                 deltas = [d for delta in parsed for d in _delta_dicts(delta)]
                 if not (deltas or logprobs or progress or finish_reason):
                     continue  # text held back (a call may be starting): nothing to say yet
@@ -287,10 +297,12 @@ class _ChatBuilder:
             message = AssistantMessage(content=choice.detokenizer.text)
             finish_reason = choice.finish_reason
             if self.tools.parses_calls:
-                parsed = parse_tool_calls(choice.detokenizer.text, self.tools.max_calls)
+                parsed = self.fmt.parse(choice.detokenizer.text, self.tools.max_calls)
                 calls = [_response_call(call) for call in parsed.tool_calls]
                 message = AssistantMessage(content=parsed.content, tool_calls=calls or None)
                 finish_reason = finish_reason_of(finish_reason, bool(calls))
+                if finish_reason == "tool_calls":
+                    self.generation.label_tool_calls(choice.index)
             choices.append(
                 ChatChoice(
                     index=choice.index,

@@ -4,9 +4,10 @@ group a route submitted is released when its HTTP exchange ends."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from fastapi import Request, Response
@@ -15,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.meter.billing import Prices
 from server.cache_salt import cache_salt
-from server.detokenizer import TokenTexts
+from server.detokenizer import TextOptions, TokenTexts
 from server.engine_client import EngineClient
 from server.errors import OpenAIError
 from server.generation import ClientDisconnected, Generation, until_disconnected
@@ -24,6 +25,7 @@ from server.request_group import BillingAccount, RequestGroup
 from server.settings import Settings
 from server.streaming import SSEResponse
 from server.tenants import DEFAULT_TENANT_NAME
+from server.tool_calls import FunctionTool, ToolCallFormat, ToolPolicy, tool_call_format
 
 
 def get_settings(request: Request) -> Settings:
@@ -85,6 +87,21 @@ def engine_cache_salt(request: Request, client_salt: str | None) -> str:
     return cache_salt(name, client_salt, get_settings(request).shared_prefix_cache)
 
 
+def tool_format(request: Request, tools: Sequence[FunctionTool]) -> ToolCallFormat:
+    """The format this server's model writes tool calls in (--tool-call-parser; auto reads
+    the chat template), for a request's tools."""
+    template = getattr(get_client(request).tokenizer, "chat_template", None)
+    return tool_call_format(get_settings(request).tool_call_parser, template, tools)
+
+
+def tool_text_options(options: TextOptions, fmt: ToolCallFormat, tools: ToolPolicy) -> TextOptions:
+    """The text options, with special tokens' text kept when the calls' markers are special
+    tokens (mistral's [TOOL_CALLS]) and calls are parsed, as vLLM's parsers ask for."""
+    if fmt.needs_special_tokens and tools.parses_calls:
+        return dataclasses.replace(options, skip_special_tokens=False)
+    return options
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -129,11 +146,12 @@ async def respond(
         return SSEResponse(builder.events(include_usage), lambda: client.release(group))
     try:
         await until_disconnected(request, generation.run())
+        body = dump(builder.response())  # before the release: it may relabel finishes
     except ClientDisconnected:
         return Response(status_code=499)
     finally:
         client.release(group)
-    return JSONResponse(dump(builder.response()))
+    return JSONResponse(body)
 
 
 class GroupReleaseMiddleware:

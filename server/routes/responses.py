@@ -48,6 +48,8 @@ from server.routes.deps import (
     ready_client,
     respond,
     served_model_names,
+    tool_format,
+    tool_text_options,
     unix_time,
 )
 from server.sampling import (
@@ -62,13 +64,13 @@ from server.streaming import SSEResponse
 from server.tool_calls import (
     CallDelta,
     ContentDelta,
-    HermesStreamParser,
     StreamDelta,
     ToolCall,
+    ToolCallFormat,
     ToolPolicy,
     output_constraint,
-    parse_tool_calls,
     resolve_tool_policy,
+    stream_update,
 )
 
 router = APIRouter()
@@ -95,11 +97,13 @@ async def create_response(request: Request) -> Response:
         tools = resolve_tool_policy(
             body.function_tools(), body.tool_choice_value(), body.parallel_tool_calls
         )
+        fmt = tool_format(request, tools.tools)
         structured_output = await output_constraint(
             await structured_output_of(fields, client),
             tools,
             "text.format json_object / json_schema",
             client,
+            fmt,
         )
         prompt = await apply_chat_template(client, body.messages(), True, tools.tools)
         max_tokens = resolve_max_tokens(
@@ -116,8 +120,9 @@ async def create_response(request: Request) -> Response:
     salt = engine_cache_salt(request, fields.cache_salt)
     spec = EngineRequestSpec(f"{response_id}-0", prompt, params, priority=priority, cache_salt=salt)
     group = client.submit([spec], billing_account(request))
-    generation = Generation(client, group, [prompt], 1, text_options(fields, []))
-    builder = _ResponseBuilder(response_id, model, body, params, tools, generation)
+    options = tool_text_options(text_options(fields, []), fmt, tools)
+    generation = Generation(client, group, [prompt], 1, options)
+    builder = _ResponseBuilder(response_id, model, body, params, tools, fmt, generation)
     if body.stream:
         # Responses' stream ends with its last event: no `data: [DONE]`.
         return SSEResponse(builder.events(), lambda: client.release(group), done=False)
@@ -145,9 +150,9 @@ def _new_id(prefix: str) -> str:
 
 class _ResponseBuilder:
     """Builds the Responses stream events and the final response from one Generation. With
-    tool calls to parse, the text goes through a hermes stream parser (streaming) or the
-    parser (at the end) and calls become function_call items; otherwise all the text is one
-    message item."""
+    tool calls to parse, the text goes through the tool-call format's stream parser
+    (streaming) or its parse (at the end) and calls become function_call items; otherwise
+    all the text is one message item."""
 
     def __init__(
         self,
@@ -156,6 +161,7 @@ class _ResponseBuilder:
         body: ResponsesRequest,
         params: SamplingParams,
         tools: ToolPolicy,
+        fmt: ToolCallFormat,
         generation: Generation,
     ) -> None:
         self.response_id = response_id
@@ -163,6 +169,7 @@ class _ResponseBuilder:
         self.body = body
         self.params = params
         self.tools = tools
+        self.fmt = fmt
         self.generation = generation
         self.created_at = unix_time()
         self.sequence_number = 0
@@ -172,13 +179,14 @@ class _ResponseBuilder:
         started = dump(self._response("in_progress", []))
         yield self._event("response.created", response=started)
         yield self._event("response.in_progress", response=started)
-        parser = HermesStreamParser(self.tools.max_calls) if self.tools.parses_calls else None
+        parser = self.fmt.stream(self.tools.max_calls) if self.tools.parses_calls else None
         items = _StreamedItems(self._event)
         async for update in self.generation.updates():
             if parser is None:
                 deltas: list[StreamDelta] = [ContentDelta(update.text)]
             else:
-                deltas = parser.update(update.text, finished=update.finish_reason is not None)
+                finished = update.finish_reason is not None
+                deltas = stream_update(parser, update.text, finished)
             for delta in deltas:
                 for event in items.add(delta):
                     yield event
@@ -196,7 +204,7 @@ class _ResponseBuilder:
         content: str | None = text
         calls: tuple[ToolCall, ...] = ()
         if self.tools.parses_calls:
-            parsed = parse_tool_calls(text, self.tools.max_calls)
+            parsed = self.fmt.parse(text, self.tools.max_calls)
             content, calls = parsed.content, parsed.tool_calls
         status = self._status()
         output: list[OutputItem] = []

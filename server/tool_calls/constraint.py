@@ -1,21 +1,24 @@
 """The grammar that makes `required` and named tool_choice always parse.
 
-The output is forced into the hermes format the prompt asks for, each call's arguments into
-its function's parameters schema:
+The output is forced into the request's tool-call format (server/tool_parsers), each call's
+arguments into its function's parameters schema; for hermes, the default:
 
     named:     <tool_call>\\n{"name": "<name>", "arguments": <schema>}\\n</tool_call>
-    required:  one such call to any tool, then more separated by "\\n" (only one when
+    required:  one such call to any tool, then more, back to back (only one when
                parallel_tool_calls is false)
 
-then EOS. It is built as an xgrammar structural tag (a tag per tool: a constant begin naming
-the function, the parameters schema as content, a constant end; `tags_with_separator` for
-required), and handed to the engine as the EBNF text of that grammar: the engine's
-structured-output path (engine/structured_output.py) takes EBNF as the `grammar` kind, so
-tool calls need no new constraint kind there, and are compiled ahead on the engine's compile
-worker and cached like any grammar (output_constraint; building the EBNF runs off the event
-loop too: ~0.1 s for a 400-property schema).
-JSON inside allows at most one whitespace character in a row: a small model left free
-whitespace can spend its whole budget on it.
+then EOS, which the grammar allows after every complete call. Calls follow each other with
+no separator (ToolCallFormat.forced_format says why: with a newline between them, the small
+model repeated its call until max_tokens).
+
+It is built as an xgrammar structural tag (the format's tag per tool: a constant begin
+naming the function, the parameters schema as content, a constant end) and handed to the
+engine as the EBNF text of that grammar: the engine's structured-output path
+(engine/structured_output.py) takes EBNF as the `grammar` kind, so tool calls need no new
+constraint kind there, and are compiled ahead on the engine's compile worker and cached like
+any grammar (output_constraint; building the EBNF runs off the event loop too: ~0.1 s for a
+400-property schema). JSON inside allows at most one whitespace character in a row: a small
+model left free whitespace can spend its whole budget on it.
 """
 
 from __future__ import annotations
@@ -30,34 +33,27 @@ import xgrammar as xgr
 from scheduler.sampling_params import StructuredOutput
 from server.errors import bad_request
 from server.grammar_compile import check_spec_size, compile_ahead
-from server.tool_calls.hermes import TOOL_CALL_END, TOOL_CALL_START
 from server.tool_calls.tools import FunctionTool, ToolPolicy
+from server.tool_parsers import ToolCallFormat
+from server.tool_parsers.hermes import HermesFormat
 
-CALL_SEPARATOR = "\n"
-MAX_WHITESPACE = 1  # consecutive whitespace characters allowed inside the arguments' JSON
 
-
-def tool_call_constraint(policy: ToolPolicy, tools_param: str = "tools") -> StructuredOutput | None:
-    """The constraint for the policy's tool_choice (None for auto and none), not compiled yet;
-    parameters schemas xgrammar cannot convert, or longer than MAX_GRAMMAR_SPEC_CHARS
-    (server/grammar_compile.py) together, are a 400 naming `tools_param`."""
+def tool_call_constraint(
+    policy: ToolPolicy, fmt: ToolCallFormat | None = None, tools_param: str = "tools"
+) -> StructuredOutput | None:
+    """The constraint for the policy's tool_choice in `fmt` (hermes when None; None for
+    auto and none), not compiled yet; parameters schemas xgrammar cannot convert, or longer
+    than MAX_GRAMMAR_SPEC_CHARS (server/grammar_compile.py) together, are a 400 naming
+    `tools_param`."""
     tools = policy.forced_tools
     if not tools:
         return None
+    fmt = fmt or HermesFormat(policy.tools)
     num_chars = sum(len(json.dumps(tool.parameters_schema)) for tool in tools)
     check_spec_size(num_chars, tools_param, f"{tools_param}: the parameters schemas to enforce")
-    if policy.mode == "named":
-        fmt = _call_tag(tools[0])
-    else:
-        fmt = {
-            "type": "tags_with_separator",
-            "tags": [_call_tag(tool) for tool in tools],
-            "separator": CALL_SEPARATOR,
-            "at_least_one": True,
-            "stop_after_first": policy.max_calls == 1,
-        }
     try:
-        grammar = xgr.Grammar.from_structural_tag({"type": "structural_tag", "format": fmt})
+        calls = fmt.forced_format(tools, one_call=policy.max_calls == 1)
+        grammar = xgr.Grammar.from_structural_tag({"type": "structural_tag", "format": calls})
     except Exception as exc:  # noqa: BLE001 - whatever a schema breaks in xgrammar is the user's
         raise bad_request(
             f"{_cannot_enforce(tools_param, tools)}: {_first_line(exc)}", param=tools_param
@@ -66,15 +62,19 @@ def tool_call_constraint(policy: ToolPolicy, tools_param: str = "tools") -> Stru
 
 
 async def output_constraint(
-    structured_output: StructuredOutput | None, policy: ToolPolicy, format_name: str, client: Any
+    structured_output: StructuredOutput | None,
+    policy: ToolPolicy,
+    format_name: str,
+    client: Any,
+    fmt: ToolCallFormat | None = None,
 ) -> StructuredOutput | None:
     """The request's one output constraint: its structured output (named `format_name` in
     the error), or the grammar a required or named tool_choice needs so its calls always
-    parse, compiled ahead like a structured output (`client.structured`); a request with
-    both is a 400 naming tool_choice."""
+    parse in `fmt`, compiled ahead like a structured output (`client.structured`); a request
+    with both is a 400 naming tool_choice."""
     if not policy.forced_tools:
         return structured_output
-    tool_constraint = await asyncio.to_thread(tool_call_constraint, policy)
+    tool_constraint = await asyncio.to_thread(tool_call_constraint, policy, fmt)
     assert tool_constraint is not None  # forced tools always give one
     if structured_output is not None:
         raise bad_request(
@@ -90,19 +90,6 @@ async def output_constraint(
 def _cannot_enforce(tools_param: str, tools: tuple[FunctionTool, ...]) -> str:
     names = ", ".join(tool.name for tool in tools)
     return f"{tools_param}: the parameters schema of {names} cannot be enforced"
-
-
-def _call_tag(tool: FunctionTool) -> dict[str, Any]:
-    return {
-        "type": "tag",
-        "begin": f'{TOOL_CALL_START}\n{{"name": {json.dumps(tool.name)}, "arguments": ',
-        "content": {
-            "type": "json_schema",
-            "json_schema": tool.parameters_schema,
-            "max_whitespace_cnt": MAX_WHITESPACE,
-        },
-        "end": f"}}\n{TOOL_CALL_END}",
-    }
 
 
 def _first_line(exc: Exception) -> str:

@@ -23,8 +23,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from server.tool_calls.hermes import TOOL_CALL_END, TOOL_CALL_START
 from server.tool_calls.tools import FunctionTool
+from server.tool_parsers.hermes import TOOL_CALL_END, TOOL_CALL_START
 
 _TOOLS_WORD = re.compile(r"\btools\b")
 

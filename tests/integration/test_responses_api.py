@@ -231,13 +231,13 @@ async def test_required_tool_calls_stream_as_function_call_items(openai_client: 
         tools=TOOLS,
         tool_choice="required",
         max_output_tokens=160,
-        temperature=0,  # sampled, the model may keep calling until max_output_tokens
+        temperature=0,
     )
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response
     assert events[-1].type == "response.completed"
     calls = [item for item in final.output if item.type == "function_call"]
-    assert calls
+    assert len(calls) == 1 and final.output == calls  # one call, then the turn ended
     for call in calls:
         assert_valid_call(call.name, call.arguments)
         index = final.output.index(call)
@@ -250,6 +250,25 @@ async def test_required_tool_calls_stream_as_function_call_items(openai_client: 
         ]
         assert mine[0].item.arguments == "" and mine[1].delta == mine[2].arguments
         assert mine[2].arguments == call.arguments and mine[3].item.call_id == call.call_id
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+async def test_a_required_call_completes_the_response(openai_client: AsyncOpenAI, parallel):
+    """The turn ends after the call: `completed`, not `incomplete` at max_output_tokens (the
+    openai-agents SDK raises on an incomplete response)."""
+    response = await openai_client.responses.create(
+        model=MODEL,
+        input=QUESTION,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=parallel,
+        max_output_tokens=64,
+        temperature=0,
+    )
+    assert response.status == "completed" and response.incomplete_details is None
+    [call] = response.output
+    assert call.type == "function_call"
+    assert_valid_call(call.name, call.arguments)
 
 
 async def test_tool_choice_none_gives_text(openai_client: AsyncOpenAI):

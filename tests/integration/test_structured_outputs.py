@@ -205,6 +205,44 @@ async def test_completions_take_response_format_and_structured_outputs(
         assert response.choices[0].finish_reason == "stop"
 
 
+async def test_vllms_guided_fields_constrain_the_output(openai_client: AsyncOpenAI):
+    """guided_json / guided_regex / guided_choice / guided_grammar, vLLM's older spelling of
+    structured_outputs, each constrain the output (they used to be ignored: a 200 with
+    unconstrained text); a backend other than xgrammar is a 400 naming the field."""
+
+    def completion(prompt: str, max_tokens: int, **guided):
+        return openai_client.completions.create(
+            model="SmolLM2-135M-Instruct",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body=guided,
+        )
+
+    schema, choice, regex, grammar = await asyncio.gather(
+        openai_client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=_messages("booleans"),
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            extra_body={"guided_json": SCHEMAS["booleans"], "guided_decoding_backend": "xgrammar"},
+        ),
+        completion("Is Paris in France? Answer: ", 8, guided_choice=["yes", "no", "maybe"]),
+        completion("A date: ", 16, guided_regex=r"\d{4}-\d{2}-\d{2}"),
+        completion("Say hello: ", 16, guided_grammar='root ::= "hello" (" " "world")?'),
+    )
+    assert schema.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(schema.choices[0].message.content), SCHEMAS["booleans"])
+    assert choice.choices[0].text in ("yes", "no", "maybe")
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", regex.choices[0].text)
+    assert grammar.choices[0].text in ("hello", "hello world")
+    for response in (choice, regex, grammar):
+        assert response.choices[0].finish_reason == "stop"
+    with pytest.raises(BadRequestError) as raised:
+        await completion("x", 4, guided_regex="a+", guided_decoding_backend="outlines")
+    assert raised.value.body["param"] == "guided_decoding_backend"
+
+
 @pytest.mark.parametrize(
     ("body", "param", "problem"),
     [
@@ -226,6 +264,12 @@ async def test_completions_take_response_format_and_structured_outputs(
             "exactly one",
         ),
         ({"response_format": {"type": "json_object"}, "min_tokens": 3}, "min_tokens", "combined"),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+            "guided_regex",
+            "not both",
+        ),
+        ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "not several"),
     ],
 )  # fmt: skip
 async def test_a_constraint_that_cannot_run_is_a_400(

@@ -82,20 +82,48 @@ async def test_required_calls_listed_tools_with_valid_arguments(openai_client: A
         _chat(openai_client, tool_choice="required", parallel_tool_calls=False, temperature=0.0),
     )
     for choice in choices:
-        # Several calls may run past max_tokens: the finished ones still parse.
-        assert choice.finish_reason in ("tool_calls", "length")
-        assert choice.message.tool_calls, choice.message.content
+        # The turn ends after a complete call: no repeats until max_tokens.
+        assert choice.finish_reason == "tool_calls", choice.message.tool_calls
+        assert choice.message.tool_calls and choice.message.content is None
         for call in choice.message.tool_calls:
             assert_valid_call(call.function.name, call.function.arguments)
-        if choice.finish_reason == "tool_calls":
-            assert choice.message.content is None
-    single = choices[-1]
-    assert single.finish_reason == "tool_calls" and len(single.message.tool_calls) == 1
-    content, calls, finishes = await _streamed(
-        openai_client, tool_choice="required", parallel_tool_calls=False, temperature=0.0
-    )
-    assert finishes == ["tool_calls"] and content == "" and list(calls) == [0]
-    assert_valid_call(calls[0]["name"], calls[0]["arguments"])
+    greedy, single = choices[0], choices[-1]
+    assert len(greedy.message.tool_calls) == 1  # it used to call add twice, then stop
+    assert len(single.message.tool_calls) == 1
+    for parallel in (None, False):
+        fields = {} if parallel is None else {"parallel_tool_calls": parallel}
+        content, calls, finishes = await _streamed(
+            openai_client, tool_choice="required", temperature=0.0, **fields
+        )
+        assert finishes == ["tool_calls"] and content == "" and list(calls) == [0]
+        assert_valid_call(calls[0]["name"], calls[0]["arguments"])
+
+
+async def test_a_required_call_ends_well_within_a_small_max_tokens(openai_client: AsyncOpenAI):
+    """One call is ~36 tokens: with max_tokens 48 a repeated call was cut (`length`)."""
+    choice = await _chat(openai_client, tool_choice="required", temperature=0.0, max_tokens=48)
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+
+
+async def _tool_call_finishes(http: httpx.AsyncClient) -> float:
+    text = (await http.get("/metrics")).text
+    line = next(line for line in text.splitlines() if line.startswith(
+        "meterserve_requests_total{") and 'finished_reason="tool_calls"' in line)  # fmt: skip
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_tool_call_finishes_are_counted_as_the_client_got_them(
+    openai_client: AsyncOpenAI, http: httpx.AsyncClient
+):
+    before = await _tool_call_finishes(http)
+    choice = await _chat(openai_client, tool_choice="required", temperature=0.0)
+    _, _, finishes = await _streamed(openai_client, tool_choice="required", temperature=0.0)
+    assert [choice.finish_reason, *finishes] == ["tool_calls", "tool_calls"]
+    for _ in range(100):  # a request is booked when its last final event has arrived
+        if await _tool_call_finishes(http) == before + 2:
+            break
+        await asyncio.sleep(0.1)
+    assert await _tool_call_finishes(http) == before + 2
 
 
 async def test_auto_answers_in_text_or_calls_and_none_in_text(openai_client: AsyncOpenAI):

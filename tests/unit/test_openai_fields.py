@@ -129,3 +129,15 @@ def test_completions_refuse_best_of_and_suffix():
             request.check_fields()
         assert raised.value.param == field
     CompletionRequest.model_validate({"prompt": "x", "best_of": 1, "suffix": ""}).check_fields()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("structured_outputs", {})],
+)
+def test_responses_refuse_the_structured_output_extensions_of_chat(field, value):
+    request = ResponsesRequest.model_validate({"input": "x", field: value})
+    with pytest.raises(OpenAIError) as raised:
+        request.check_fields()
+    assert raised.value.status == 400 and raised.value.param == field
+    ResponsesRequest.model_validate({"input": "x", "guided_json": None}).check_fields()

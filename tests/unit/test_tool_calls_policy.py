@@ -165,8 +165,11 @@ ONE = call_text("add", {"a": 1})
         (ToolChoice("named", "get_weather"), None, f"Sure. {PARIS}", False),
         (ToolChoice("named", "get_weather"), None, f"{PARIS}\n{PARIS}", False),
         (ToolChoice("required"), None, ONE, True),
-        (ToolChoice("required"), None, f"{PARIS}\n{ONE}\n{ONE}", True),
-        (ToolChoice("required"), False, f"{PARIS}\n{ONE}", False),
+        # Calls follow each other with no separator, and the turn may end after any of them.
+        (ToolChoice("required"), None, f"{PARIS}{ONE}{ONE}", True),
+        (ToolChoice("required"), None, f"{PARIS}\n{ONE}", False),
+        (ToolChoice("required"), None, f"{ONE}\n", False),
+        (ToolChoice("required"), False, f"{PARIS}{ONE}", False),
         (ToolChoice("required"), None, "no call", False),
         (ToolChoice("required"), None, "", False),
         (
