@@ -20,11 +20,12 @@ from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
-from engine.loader import LoadedCheckpoint
+from engine.loader import LoadedCheckpoint, ModelLoadError
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.decode_stack import build_decode_stack
 from engine.models.gguf_linear import GGUFEmbedding, GGUFLinear, prepare_gguf_modules
+from engine.models.int8_linear import Int8Linear, quantize_linear, quantize_linears
 from engine.models.layer_ops import make_layer_ops
 from engine.models.moe import SparseMoE
 from engine.models.packed_linear import (
@@ -79,12 +80,18 @@ def _count_params(model) -> int:
         for name, module in model.named_modules()
         if isinstance(module, GGUFLinear | GGUFEmbedding) and not (tied and name == "lm_head")
     )
-    return params + gguf
+    # An Int8Linear holds its weight as int8 codes, not parameters: still that many weights.
+    int8 = sum(
+        m.out_features * m.in_features + (0 if m.bias is None else m.bias.numel())
+        for m in model.modules()
+        if isinstance(m, Int8Linear)
+    )
+    return params + gguf + int8
 
 
 def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
     """(small-batch, large-batch) bytes of a module's own weights, not its children's."""
-    if isinstance(module, PackedLinear):
+    if isinstance(module, PackedLinear | Int8Linear):
         return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
     if isinstance(module, GGUFLinear):  # the stored blocks, at every batch size
         return module.bytes_read(), module.bytes_read()
@@ -115,6 +122,11 @@ class ModelRunner:
             self.dtype,
             make_layer_ops(self.kernels),
         )
+        self.num_int8_layers = 0  # linear layers quantized to int8 (--quantization int8)
+        int8 = config.quantization == "int8"
+        if int8:  # quantize each linear as it loads: the bf16 model never exists whole
+            self._check_int8(checkpoint)
+            self.model.on_linear_loaded = self._quantize_loaded
         self.model.load_weights(checkpoint.weights)  # already in self.dtype
         self.model.eval()
         self.shape = self.model.shape
@@ -122,6 +134,14 @@ class ModelRunner:
         # A GGUF model's linear layers that read the file's blocks with the native kernels.
         gguf_kernels = self.kernels if config.gguf_matvec else None
         self.num_gguf_matvec_layers = prepare_gguf_modules(self.model, gguf_kernels, self.dtype)
+        if int8:
+            del self.model.on_linear_loaded
+            self.num_int8_layers += quantize_linears(
+                self.model, self.kernels, skip=(self.model.lm_head,)
+            )
+            log.info(
+                "%d linear layers quantized to int8 (LM head kept in bf16)", self.num_int8_layers
+            )
         if self.dtype == torch.bfloat16 and packing_available():
             pack_linears(self.model, self.kernels)  # float (safetensors, F16 GGUF) layers
         self.sampler = Sampler(kernels=self.kernels)
@@ -129,6 +149,25 @@ class ModelRunner:
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
         self.num_experts_run = 0  # of the last execute() (a MoE model's expert weight reads)
+
+    def _check_int8(self, checkpoint: LoadedCheckpoint) -> None:
+        """--quantization int8 needs bf16 activations and the kernels, and a float checkpoint:
+        a GGUF file's weights are already quantized, and are served in their own blocks."""
+        if checkpoint.gguf_path is not None:
+            raise ModelLoadError(
+                "--quantization int8 applies to safetensors checkpoints; a GGUF file is served "
+                "in its own quantized blocks"
+            )
+        if self.dtype != torch.bfloat16:
+            raise ModelLoadError(
+                f"--quantization int8 needs bfloat16 activations; this model serves in {self.dtype}"
+                " (--dtype bfloat16 needs a CPU with AVX512-BF16)"
+            )
+        if self.kernels is None:
+            raise ModelLoadError("--quantization int8 needs the native CPU kernels (unavailable)")
+
+    def _quantize_loaded(self, name: str) -> None:
+        self.num_int8_layers += quantize_linear(self.model, name, self.kernels)
 
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""

@@ -50,6 +50,7 @@ _ENGINE_FIELDS = (
     "attention_backend",
     "cpu_kernels",
     "gguf_matvec",
+    "quantization",
     "num_threads",
     "debug_fault_token_id",
     "debug_hang_token_id",
@@ -283,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="GGUF models: linear layers read the file's quantized blocks at every batch size "
         "(--no-gguf-matvec: dequantize them to bf16 once at load)",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=["none", "int8"],
+        default="none",
+        help="int8: quantize a bf16/fp16 checkpoint's linears at load (weights per channel)",
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(

@@ -88,10 +88,15 @@ class WeightLoader:
         setattr(self.model.get_submodule(module), leaf, param)
 
     def put_linears(self, prefix: str, skip: Callable[[str], bool] = lambda ours: False) -> None:
-        """A layer's fused linear weights (those `skip` does not name)."""
+        """A layer's fused linear weights (those `skip` does not name). A model with an
+        `on_linear_loaded(name)` callable (the runner's int8 quantization) has it called after
+        each, so the layer can be converted before the next tensor is read."""
+        hook = getattr(self.model, "on_linear_loaded", None)
         for ours, sources in LINEAR_SOURCES.items():
             if not skip(ours):
                 self.put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
+                if hook is not None:
+                    hook(f"{prefix}{ours}")
 
     def put_embeddings(self, tie_word_embeddings: bool) -> None:
         """The embedding, and the LM head: its own tensor, or the embedding's when tied (or
