@@ -28,10 +28,14 @@ class EngineConfig:
     # Native C++ kernels (engine/kernels) for decode matmuls, norms, RoPE and paged attention;
     # False, or METERSERVE_CPU_KERNELS=0, keeps everything in plain torch.
     cpu_kernels: bool = True
-    # With the kernels and bfloat16, a GGUF model's decode matvecs (<= 4 rows, <= 8 in a
-    # decode-only step) read the file's own Q4_1/Q8_0 blocks, checked at load to equal the
-    # float weights exactly.
+    # With the kernels and bfloat16, a GGUF model's linear layers read the file's own blocks at
+    # every batch size (kernels.gguf_linear); False dequantizes them once at load into packed
+    # bf16 layers (one bf16 copy, the block bytes dropped).
     gguf_matvec: bool = True
+    # "int8": every bf16 linear but the LM head is quantized at load to int8 per output channel
+    # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:
+    # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.
+    quantization: Literal["none", "int8"] = "none"
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     # Testing aids for fault handling, each None (the default) = off. A step whose chunks
     # contain this token id, inside the model runner: raises (the step fails and is isolated);
@@ -50,3 +54,9 @@ class EngineConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
+        if self.quantization not in ("none", "int8"):
+            raise ValueError(f"quantization must be 'none' or 'int8', got {self.quantization!r}")
+        if self.quantization != "none" and self.dtype == "float32":
+            raise ValueError("quantization='int8' serves bfloat16 activations: not with float32")
+        if self.quantization != "none" and not self.cpu_kernels:
+            raise ValueError("quantization='int8' runs on the native CPU kernels (cpu_kernels)")

@@ -5,8 +5,8 @@ the way the engine does (checkpoint, then the model runner: build, read, cast, f
 KV cache) and prints one JSON object:
 - baseline_rss_bytes: resident memory before loading, once the code loading runs is imported:
   torch, the native kernels, and transformers' config and tokenizer code (by reading the
-  model's config and tokenizer once and dropping them; a GGUF file is converted then, if its
-  cached conversion is missing). None of it grows with the model;
+  model's config and tokenizer once and dropping them; for a GGUF file, from its metadata
+  cache, written then if missing). None of it grows with the model;
 - load_peak_bytes: the resident high-water mark during loading minus that baseline (VmHWM,
   reset at the baseline through /proc/self/clear_refs where the kernel allows it);
 - served_bytes: the bytes of every tensor the loaded model keeps (parameters, buffers, each
@@ -67,6 +67,9 @@ def _held_values(module: torch.nn.Module):
 def _tensors_in(value):
     if isinstance(value, torch.Tensor):
         yield value
+    elif isinstance(value, tuple | list):  # a GGUFLinear's parts
+        for inner in value:
+            yield from _tensors_in(inner)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
             inner = getattr(value, field.name)
@@ -87,13 +90,13 @@ def _storage_of(tensor: torch.Tensor) -> tuple[int, int]:
 def measure(model: str, dtype: str) -> dict[str, object]:
     from engine.config import EngineConfig
     from engine.kernels import load_cpu_kernels
-    from engine.loader import hf_checkpoint_dir, load_checkpoint
+    from engine.loader import load_checkpoint
     from engine.model_runner import ModelRunner
 
     config = EngineConfig(model=model, dtype=dtype)
     if config.cpu_kernels:
         load_cpu_kernels()
-    _import_loading_code(hf_checkpoint_dir(model))
+    _import_loading_code(model)
     baseline = status_bytes("VmRSS")
     peak_reset = reset_peak()
     started = time.perf_counter()
@@ -120,13 +123,20 @@ def measure(model: str, dtype: str) -> dict[str, object]:
     }
 
 
-def _import_loading_code(hf_dir: Path) -> None:
+def _import_loading_code(model: str) -> None:
     """Import what reading a config and a tokenizer imports (~100 MB of modules, a fixed cost
     that does not grow with the model), by reading them once."""
     from transformers import AutoConfig, AutoTokenizer
 
-    AutoConfig.from_pretrained(hf_dir)
-    AutoTokenizer.from_pretrained(hf_dir)
+    from engine.loader import resolve_model_path
+
+    path = resolve_model_path(model)
+    if path.suffix == ".gguf":
+        from engine.gguf_checkpoint import metadata_dir
+
+        path = metadata_dir(path)
+    AutoConfig.from_pretrained(path)
+    AutoTokenizer.from_pretrained(path)
 
 
 def main(argv: list[str] | None = None) -> int:

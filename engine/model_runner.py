@@ -20,10 +20,12 @@ from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
-from engine.loader import LoadedCheckpoint
+from engine.loader import LoadedCheckpoint, ModelLoadError
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.decode_stack import build_decode_stack
+from engine.models.gguf_linear import GGUFEmbedding, GGUFLinear, prepare_gguf_modules
+from engine.models.int8_linear import Int8Linear, quantize_linear, quantize_linears
 from engine.models.layer_ops import make_layer_ops
 from engine.models.moe import SparseMoE
 from engine.models.packed_linear import (
@@ -32,7 +34,6 @@ from engine.models.packed_linear import (
     pack_linears,
     packing_available,
 )
-from engine.quantized_weights import RepackedWeight, read_quantized_weights, repack
 from engine.sampler import Sampler
 from engine.structured_output import StructuredOutputs
 from scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput, TokenLogprobs
@@ -68,17 +69,32 @@ def _cpu_has_native_bf16() -> bool:
 
 def _count_params(model) -> int:
     """Parameters of the model, a tied LM head counted once (it is the embedding). Every
-    expert of a SparseMoE counts (its AMX tile layout holds exactly the expert's values)."""
+    expert of a SparseMoE counts (its AMX tile layout holds exactly the expert's values); a
+    GGUF layer's weight counts its logical [out, in] values, whatever its stored format."""
     tied = model.shape.tie_word_embeddings
-    return sum(
+    params = sum(
         p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight")
     )
+    gguf = sum(
+        module.num_params
+        for name, module in model.named_modules()
+        if isinstance(module, GGUFLinear | GGUFEmbedding) and not (tied and name == "lm_head")
+    )
+    # An Int8Linear holds its weight as int8 codes, not parameters: still that many weights.
+    int8 = sum(
+        m.out_features * m.in_features + (0 if m.bias is None else m.bias.numel())
+        for m in model.modules()
+        if isinstance(m, Int8Linear)
+    )
+    return params + gguf + int8
 
 
 def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
     """(small-batch, large-batch) bytes of a module's own weights, not its children's."""
-    if isinstance(module, PackedLinear):
+    if isinstance(module, PackedLinear | Int8Linear):
         return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
+    if isinstance(module, GGUFLinear):  # the stored blocks, at every batch size
+        return module.bytes_read(), module.bytes_read()
     own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
     return own, own
 
@@ -106,35 +122,52 @@ class ModelRunner:
             self.dtype,
             make_layer_ops(self.kernels),
         )
+        self.num_int8_layers = 0  # linear layers quantized to int8 (--quantization int8)
+        int8 = config.quantization == "int8"
+        if int8:  # quantize each linear as it loads: the bf16 model never exists whole
+            self._check_int8(checkpoint)
+            self.model.on_linear_loaded = self._quantize_loaded
         self.model.load_weights(checkpoint.weights)  # already in self.dtype
         self.model.eval()
         self.shape = self.model.shape
         self.num_params = _count_params(self.model)
-        self.num_gguf_matvec_layers = 0  # linear layers whose small batches read GGUF blocks
+        # A GGUF model's linear layers that read the file's blocks with the native kernels.
+        gguf_kernels = self.kernels if config.gguf_matvec else None
+        self.num_gguf_matvec_layers = prepare_gguf_modules(self.model, gguf_kernels, self.dtype)
+        if int8:
+            del self.model.on_linear_loaded
+            self.num_int8_layers += quantize_linears(
+                self.model, self.kernels, skip=(self.model.lm_head,)
+            )
+            log.info(
+                "%d linear layers quantized to int8 (LM head kept in bf16)", self.num_int8_layers
+            )
         if self.dtype == torch.bfloat16 and packing_available():
-            use_blocks = self.kernels is not None and config.gguf_matvec
-            blocks = self._gguf_blocks(checkpoint) if use_blocks else {}
-            self.num_gguf_matvec_layers = len(blocks)
-            pack_linears(self.model, self.kernels, blocks)  # consumes blocks
+            pack_linears(self.model, self.kernels)  # float (safetensors, F16 GGUF) layers
         self.sampler = Sampler(kernels=self.kernels)
         # Grammar matchers of constrained requests, beside the sampler (same lifetime rule).
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
         self.num_experts_run = 0  # of the last execute() (a MoE model's expert weight reads)
 
-    def _gguf_blocks(self, checkpoint: LoadedCheckpoint) -> dict[torch.nn.Module, RepackedWeight]:
-        """Our bias-free linear layers (not packed yet) -> their GGUF blocks in the layout the
-        kernels read; packing hands each its blocks, dropping its row-major copy at once."""
-        if checkpoint.gguf_path is None:
-            return {}
-        found = read_quantized_weights(checkpoint.gguf_path, checkpoint.config, checkpoint.weights)
-        blocks = {
-            module: repack(weight)
-            for module, weight in self.model.quantized_linears(found)
-            if module.bias is None
-        }
-        log.info("%d linear layers run decode matvecs on GGUF blocks", len(blocks))
-        return blocks
+    def _check_int8(self, checkpoint: LoadedCheckpoint) -> None:
+        """--quantization int8 needs bf16 activations and the kernels, and a float checkpoint:
+        a GGUF file's weights are already quantized, and are served in their own blocks."""
+        if checkpoint.gguf_path is not None:
+            raise ModelLoadError(
+                "--quantization int8 applies to safetensors checkpoints; a GGUF file is served "
+                "in its own quantized blocks"
+            )
+        if self.dtype != torch.bfloat16:
+            raise ModelLoadError(
+                f"--quantization int8 needs bfloat16 activations; this model serves in {self.dtype}"
+                " (--dtype bfloat16 needs a CPU with AVX512-BF16)"
+            )
+        if self.kernels is None:
+            raise ModelLoadError("--quantization int8 needs the native CPU kernels (unavailable)")
+
+    def _quantize_loaded(self, name: str) -> None:
+        self.num_int8_layers += quantize_linear(self.model, name, self.kernels)
 
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""

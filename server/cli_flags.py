@@ -118,7 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--gguf-matvec",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="GGUF models: decode matvecs read the file's quantized blocks",
+        help="GGUF models: linear layers read the file's quantized blocks at every batch size "
+        "(--no-gguf-matvec: dequantize them to bf16 once at load)",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=["none", "int8"],
+        default="none",
+        help="int8: quantize a bf16/fp16 checkpoint's linears at load (weights per channel)",
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(

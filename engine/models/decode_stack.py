@@ -9,8 +9,8 @@ step (tests/integration_engine/test_decode_stack.py), so using it or not changes
 
 It applies only where every piece of such a step already runs on a native kernel: bfloat16,
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
-GGUF blocks or a row-major bf16 weight (PackedLinear's small-batch path), no per-head q/k
-norm. Any other step, or model, takes the Python path.
+a GGUF file's blocks (GGUFLinear, gguf_linear) or a row-major bf16 weight (PackedLinear's
+small-batch path), no per-head q/k norm. Any other step, or model, takes the Python path.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import torch
 from engine.attention.cpu_kernel import CpuKernelAttention
 from engine.attention.kv_cache import KVCacheTensors
 from engine.attention.metadata import AttentionMetadata
+from engine.models.gguf_linear import GGUFLinear
 from engine.models.layer_ops import KernelLayerOps
 from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
 DENSE_KIND = -1  # the native stack's kind for a row-major bf16 weight (else the GGUF kind id)
+GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' ggml types and rows, then their stored blocks
 
 
 class DecodeStack:
@@ -121,12 +123,18 @@ def _linears(layer) -> tuple:
 
 def _small_batch_native(linear) -> bool:
     """Whether a linear's small-batch product runs on a native kernel without bias."""
+    if isinstance(linear, GGUFLinear):  # every part in stored blocks, read by gguf_linear
+        float_part = any(isinstance(part, torch.Tensor) for part in linear.parts)
+        return linear.bias is None and linear.kernels is not None and not float_part
     if not isinstance(linear, PackedLinear) or linear.bias is not None:
         return False
     return linear.quantized is not None or linear.weight is not None
 
 
-def _linear_spec(linear: PackedLinear) -> tuple[int, list[torch.Tensor]]:
+def _linear_spec(linear: PackedLinear | GGUFLinear) -> tuple[int, list[torch.Tensor]]:
+    if isinstance(linear, GGUFLinear):
+        parts = torch.tensor([[part.kind, part.rows] for part in linear.parts], dtype=torch.int64)
+        return GGUF_PARTS_KIND, [parts, *(part.blocks for part in linear.parts)]
     q = linear.quantized
     if q is None:
         return DENSE_KIND, [linear.weight]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 from torch import nn
 
+from engine.models.gguf_linear import GGUFEmbedding, GGUFLinear
 from engine.quantized_weights import QuantizedTensor
 
 # Our fused linear layers and the Hugging Face weights stacked (by rows) into each.
@@ -47,8 +48,39 @@ class WeightLoader:
         """Parameter `ours` <- the sources stacked by rows (default: the tensor of that name)."""
         if sources is None or self.has(ours):  # stored fused already, under our name
             sources = (ours,)
+        if self.in_blocks(sources):
+            self._put_blocks(ours, sources)
+            return
         target = self.model.get_parameter(ours)
         self.assign(ours, fuse(ours, [self.read(s) for s in sources], target.shape, self.dtype))
+
+    def in_blocks(self, sources: tuple[str, ...]) -> bool:
+        """Whether any of the sources is stored in a GGUF block format."""
+        is_blocks = getattr(self.weights, "is_blocks", None)
+        return is_blocks is not None and any(
+            s in self.names and is_blocks(self.names[s]) for s in sources
+        )
+
+    def _put_blocks(self, ours: str, sources: tuple[str, ...]) -> None:
+        """Linear `ours` ("....qkv_proj.weight") <- a GGUFLinear over the sources' blocks."""
+        module_name, _, leaf = ours.rpartition(".")
+        linear = self.model.get_submodule(module_name)
+        if leaf != "weight" or not isinstance(linear, nn.Linear):
+            raise ValueError(f"{ours}: a GGUF block-format tensor that is not a linear weight")
+        missing = [s for s in sources if s not in self.names]
+        if missing:
+            raise ValueError(f"weight missing from checkpoint: {missing[0]}")
+        parts = self.weights.read_blocks([self.names[s] for s in sources])
+        if sum(p.rows for p in parts) != linear.out_features:
+            raise ValueError(
+                f"{ours}: GGUF rows {[p.rows for p in parts]} != {linear.out_features}"
+            )
+        gguf = GGUFLinear(parts, linear.in_features, linear.bias, self.dtype)
+        self._replace(module_name, gguf)
+
+    def _replace(self, module_name: str, module: nn.Module) -> None:
+        parent, _, child = module_name.rpartition(".")
+        setattr(self.model.get_submodule(parent), child, module)
 
     def assign(self, ours: str, tensor: torch.Tensor) -> None:
         module, _, leaf = ours.rpartition(".")
@@ -56,17 +88,37 @@ class WeightLoader:
         setattr(self.model.get_submodule(module), leaf, param)
 
     def put_linears(self, prefix: str, skip: Callable[[str], bool] = lambda ours: False) -> None:
-        """A layer's fused linear weights (those `skip` does not name)."""
+        """A layer's fused linear weights (those `skip` does not name). A model with an
+        `on_linear_loaded(name)` callable (the runner's int8 quantization) has it called after
+        each, so the layer can be converted before the next tensor is read."""
+        hook = getattr(self.model, "on_linear_loaded", None)
         for ours, sources in LINEAR_SOURCES.items():
             if not skip(ours):
                 self.put(f"{prefix}{ours}.weight", tuple(f"{prefix}{s}.weight" for s in sources))
+                if hook is not None:
+                    hook(f"{prefix}{ours}")
 
     def put_embeddings(self, tie_word_embeddings: bool) -> None:
         """The embedding, and the LM head: its own tensor, or the embedding's when tied (or
         when the checkpoint has none)."""
+        if self.in_blocks(("embed_tokens.weight",)):
+            self._put_block_embeddings(tie_word_embeddings)
+            return
         self.put("embed_tokens.weight")
         if tie_word_embeddings or not self.has("lm_head.weight"):
             self.model.lm_head.weight = self.model.embed_tokens.weight  # one tensor serves both
+        else:
+            self.put("lm_head.weight")
+
+    def _put_block_embeddings(self, tie_word_embeddings: bool) -> None:
+        """A GGUF block-format embedding; a tied head (or none in the file) shares its blocks."""
+        (table,) = self.weights.read_blocks([self.names["embed_tokens.weight"]])
+        embedding = self.model.embed_tokens
+        if (table.rows, table.cols) != (embedding.num_embeddings, embedding.embedding_dim):
+            raise ValueError(f"embed_tokens: GGUF shape {(table.rows, table.cols)} differs")
+        self.model.embed_tokens = GGUFEmbedding(table, self.dtype)
+        if tie_word_embeddings or not self.has("lm_head.weight"):
+            self.model.lm_head = GGUFLinear([table], table.cols, None, self.dtype)
         else:
             self.put("lm_head.weight")
 

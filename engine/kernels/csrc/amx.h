@@ -1,4 +1,5 @@
-// What every AMX kernel here shares: the OS permission and the tile configuration record.
+// What every AMX kernel here shares: the OS permission, the tile configuration record and the
+// 32 x 32 block product of amx_linear.cpp.
 //
 // Everything needs the compiler's AMX support (-march=native on a CPU with AMX); without it
 // this header declares nothing and the AMX kernels compile to their fallbacks.
@@ -8,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+
+#include "numeric.h"
 
 namespace meterserve {
 namespace amx {
@@ -31,6 +34,16 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};  // bytes per row of each tile register
   uint8_t rows[16] = {};
 };
+
+// Tiles 0-7 all 16 rows x 64 bytes: what multiply_block needs loaded (amx_linear.cpp).
+TileConfig eight_full_tiles();
+
+// One 32 x 32 fp32 block, block[i * 32 + j] = sum_k x[m0 + i][k] * w[n0 + j][k]: x row-major
+// [>= m0 + 32, K] bf16, w in amx_pack_weight's tile layout (kernels.h), K % 32 == 0. Tiles
+// 0-7 must be configured (eight_full_tiles). Defined in amx_linear.cpp; gguf_panel.cpp calls
+// it with a dequantized weight panel as x and tile-packed activations as w.
+void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
+                    float* block);
 
 #endif  // __AMX_BF16__
 

@@ -32,12 +32,6 @@ constexpr int64_t kBlock = 32;                        // output rows / cols per 
 constexpr int64_t kRowsPerChunk = 256;                 // activation rows kept hot in L2
 constexpr int64_t kTileElements = kTileRows * kTileDepth;
 
-amx::TileConfig eight_full_tiles() {
-  amx::TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kTileRows;
-  return config;
-}
-
 // Weight tiles are streamed from memory once per block; tile loads do not seem to wake the
 // hardware prefetcher the way vector loads do, so fetch the tiles ahead (measured: batch-64
 // decode matmuls 40 -> 33 ms per step at 4 tiles into L1). 16 tiles ahead into L2 streams
@@ -51,10 +45,18 @@ inline void prefetch_tile(const bf16* tile) {
     _mm_prefetch(bytes + line * 64, _MM_HINT_T1);
 }
 
+}  // namespace
+
+amx::TileConfig amx::eight_full_tiles() {
+  amx::TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kTileRows;
+  return config;
+}
+
 // One 32 x 32 output block: rows [m0, m0 + 32) of x (padded), columns [n0, n0 + 32).
 // Tiles: 0-3 accumulators (row half i, column half j -> 2 i + j), 4-5 x, 6-7 weight.
-void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
-                    float* block) {
+void amx::multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
+                         float* block) {
   const int64_t k_tiles = K / kTileDepth;
   const bf16* weight0 = packed + (n0 / kTileRows) * k_tiles * kTileElements;
   const bf16* weight1 = weight0 + k_tiles * kTileElements;
@@ -83,6 +85,8 @@ void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, in
   _tile_stored(2, block + kTileRows * kBlock, stride);
   _tile_stored(3, block + kTileRows * kBlock + kTileRows, stride);
 }
+
+namespace {
 
 void write_block(const float* block, const bf16* bias, bf16* out, int64_t rows, int64_t N,
                  int64_t m0, int64_t n0) {
@@ -133,7 +137,7 @@ bool amx_available() { return amx::permitted(); }
 
 void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
                 int64_t padded_rows, int64_t N, int64_t K) {
-  const amx::TileConfig config = eight_full_tiles();
+  const amx::TileConfig config = amx::eight_full_tiles();
   for (int64_t chunk = 0; chunk < padded_rows; chunk += kRowsPerChunk) {
     const int64_t chunk_end = std::min(padded_rows, chunk + kRowsPerChunk);
 #pragma omp parallel
@@ -143,7 +147,7 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
 #pragma omp for schedule(static)
       for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
         for (int64_t m0 = chunk; m0 < chunk_end; m0 += kBlock) {
-          multiply_block(x, packed, K, m0, n0, block);
+          amx::multiply_block(x, packed, K, m0, n0, block);
           write_block(block, bias, out, std::min(kBlock, M - m0), N, m0, n0);
         }
       }
@@ -170,7 +174,7 @@ void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups
         items.push_back({packed + expert * expert_elements, m0,
                          std::min(kBlock, first + count - m0), n0});
   }
-  const amx::TileConfig config = eight_full_tiles();
+  const amx::TileConfig config = amx::eight_full_tiles();
   const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel
   {
@@ -182,7 +186,7 @@ void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups
       if (item.rows <= kVectorRows) {
         multiply_block_vector(x, item.weight, K, item.m0, item.rows, item.n0, out, N);
       } else {
-        multiply_block(x, item.weight, K, item.m0, item.n0, block);
+        amx::multiply_block(x, item.weight, K, item.m0, item.n0, block);
         write_block(block, nullptr, out, item.rows, N, item.m0, item.n0);
       }
     }

@@ -3,6 +3,8 @@
 // without it.
 #include "binding_checks.h"
 #include "decode_stack_binding.h"
+#include "gguf_binding.h"
+#include "int8_linear_binding.h"
 
 namespace meterserve {
 namespace {
@@ -391,4 +393,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, without_gil);
   m.attr("MAX_SMALL_BATCH_ROWS") = kSmallBatchRows;  // the decode stack of a GGUF model
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
+  bind_gguf(m);          // gguf_linear (gguf_binding.cpp)
+  bind_int8_linear(m);
 }

@@ -14,8 +14,24 @@
 namespace meterserve {
 namespace {
 
+// Parts of a GGUF linear, each multiplied as GGUFLinear.forward does (gguf_linear of at most
+// 8 rows) and its columns placed where torch.cat puts them.
+void gguf_parts(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
+  if (w.gguf.size() == 1) return gguf_small_linear(x, w.gguf[0].weight, nullptr, out, rows);
+  std::vector<bf16> part_out;
+  for (const GgufPart& part : w.gguf) {
+    const int64_t N = part.weight.N;
+    part_out.resize(rows * N);
+    gguf_small_linear(x, part.weight, nullptr, part_out.data(), rows);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(part_out.data() + r * N, N, out + r * w.out_features + part.first_column);
+  }
+}
+
 void linear(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
-  if (w.quantized.codes != nullptr)
+  if (!w.gguf.empty())
+    gguf_parts(x, w, out, rows);
+  else if (w.quantized.codes != nullptr)
     quantized_linear(x, w.quantized, out, rows, w.out_features, w.in_features);
   else
     small_batch_linear(x, w.dense, nullptr, out, rows, w.out_features, w.in_features);

@@ -1,6 +1,7 @@
 // DecodeStack: a model's decoder layers as decode_stack reads them, checked once at build time,
 // and the per-step checks of the batch it runs. It keeps a reference to every tensor its raw
 // pointers point into, so the weights and caches outlive it.
+#include <array>
 #include <tuple>
 #include <vector>
 
@@ -11,9 +12,12 @@
 namespace meterserve {
 namespace {
 
-constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, else QuantKind
+constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF parts, else QuantKind
+constexpr int64_t kGgufParts = -2;
 
-// (kind, tensors): (-1, [weight]) | (0, [codes, scales, mins]) Q4_1 | (1, [codes, scales]) Q8_0.
+// (kind, tensors): (-1, [weight]) | (0, [codes, scales, mins]) Q4_1 | (1, [codes, scales]) Q8_0
+// | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 2] = (ggml type, rows) of each
+// run of one format, blocks_i its bytes as stored in the file.
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
 
 class DecodeStack {
@@ -99,6 +103,11 @@ class DecodeStack {
   // A linear's in_features: Q4_1 codes hold two weights a byte.
   static int64_t inputs_of(const LinearSpec& spec) {
     const auto& [kind, tensors] = spec;
+    if (kind == kGgufParts) {  // row bytes are linear in K: K = row bytes * 256 / row_bytes(256)
+      const auto parts = gguf_parts_of(tensors);
+      const int64_t row_bytes = tensors[1].numel() / parts[0][1];
+      return row_bytes * 256 / gguf_row_bytes(static_cast<int>(parts[0][0]), 256);
+    }
     TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2,
                 "DecodeStack: a linear needs a 2-D weight");
     return kind == 0 ? 2 * tensors[0].size(1) : tensors[0].size(1);
@@ -127,6 +136,7 @@ class DecodeStack {
     w.out_features = out_features;
     w.in_features = in_features;
     for (const auto& t : tensors) keep(t);
+    if (kind == kGgufParts) return gguf_linear_of(tensors, w);
     if (kind == kDense) {
       TORCH_CHECK(tensors.size() == 1, "DecodeStack: a dense linear is one weight tensor");
       const auto& weight = tensors[0];
@@ -145,6 +155,38 @@ class DecodeStack {
     const c10::optional<torch::Tensor> mins =
         kind == 0 ? c10::optional<torch::Tensor>(tensors[2]) : c10::nullopt;
     w.quantized = quantized_weight(kind, tensors[0], tensors[1], mins, in_features);
+    return w;
+  }
+
+  static std::vector<std::array<int64_t, 2>> gguf_parts_of(const std::vector<torch::Tensor>& t) {
+    TORCH_CHECK(!t.empty() && t[0].scalar_type() == torch::kInt64 && t[0].dim() == 2 &&
+                    t[0].size(1) == 2 && t[0].is_contiguous() &&
+                    t.size() == static_cast<size_t>(t[0].size(0)) + 1 && t[0].size(0) >= 1,
+                "DecodeStack: GGUF parts are (int64 [P, 2] of (ggml type, rows), P blocks)");
+    std::vector<std::array<int64_t, 2>> parts(t[0].size(0));
+    for (size_t i = 0; i < parts.size(); ++i)
+      parts[i] = {data<int64_t>(t[0])[2 * i], data<int64_t>(t[0])[2 * i + 1]};
+    return parts;
+  }
+
+  static SmallLinear gguf_linear_of(const std::vector<torch::Tensor>& tensors, SmallLinear w) {
+    int64_t column = 0;
+    const auto parts = gguf_parts_of(tensors);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto& [kind, rows] = parts[i];
+      const torch::Tensor& blocks = tensors[i + 1];
+      const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), w.in_features);
+      TORCH_CHECK(row_bytes > 0 && blocks.scalar_type() == torch::kUInt8 &&
+                      blocks.is_contiguous() && blocks.numel() == rows * row_bytes,
+                  "DecodeStack: GGUF part ", i, " must hold ", rows, " rows of ggml type ", kind,
+                  " with ", w.in_features, " inputs");
+      w.gguf.push_back({GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), rows,
+                                   w.in_features},
+                        column});
+      column += rows;
+    }
+    TORCH_CHECK(column == w.out_features, "DecodeStack: GGUF parts have ", column,
+                " rows, expected ", w.out_features);
     return w;
   }
 

@@ -52,6 +52,31 @@ struct QuantizedWeight {
 void quantized_linear(const bf16* x, const QuantizedWeight& weight, bf16* out, int64_t M,
                       int64_t N, int64_t K);
 
+// An int8 [N, K] weight (N % 32 == 0, K % 64 == 0) quantized per output channel, in the one
+// layout both int8 paths read: packed[n / 16][k / 64][(k % 64) / 4][n % 16][k % 4] =
+// weight[n][k] (AMX-INT8 B tiles, vpdpbusd operands); scales fp32 [N] (weight = packed *
+// scale); row_sums int32 [N] = sum_k weight[n][k] (the vpdpbusd path's u8 offset correction).
+struct Int8Weight {
+  const int8_t* packed;
+  const float* scales;
+  const int32_t* row_sums;
+};
+
+// True once this process may use AMX-INT8 tiles (built with them, Linux granted them).
+bool amx_int8_available();
+
+// Per row m < M: scales[m] = max_k |x[m, k]| / 127, x_q[m, k] = round(x[m, k] * (127 / max))
+// clamped to [-127, 127], nearest even (0 and scale 0 for a zero row). K % 16 == 0.
+void quantize_rows(const bf16* x, int64_t M, int64_t K, int8_t* x_q, float* scales);
+
+// out[m, n] = fma(float(sum_k x_q[m, k] weight[n, k]), x_scales[m] * scales[n], bias[n]) in
+// bf16, m < M. use_amx: rows > kSmallBatchRows on AMX-INT8 tiles (x_q then [padded_rows, K],
+// padded_rows a multiple of 32, padding rows zero); otherwise, and for any M without it,
+// vpdpbusd. Both add the same exact int32 sums: the result is the same bits either way.
+void int8_linear(const int8_t* x_q, const float* x_scales, const Int8Weight& weight,
+                 const bf16* bias, bf16* out, int64_t M, int64_t padded_rows, int64_t N,
+                 int64_t K, bool use_amx);
+
 // out[r] = index of the first maximum of logits[r, 0:n] (n < 2^31).
 template <typename T>
 void argmax_rows(const T* logits, int64_t rows, int64_t n, int64_t* out);

@@ -1,0 +1,269 @@
+"""A GGUF file served natively: config, tokenizer and weights from the file, nothing converted.
+
+- Metadata: engine/gguf_header.py reads the architecture and the tensor index from the header
+  bytes. The config and the tokenizer (with its chat template and EOS ids) come from
+  transformers' GGUF support, which reads metadata only (no tensor); it parses every token and
+  merge with gguf-py (~15 s and ~300 MB of Python objects for SmolLM2 on 2 cores), so the two
+  are saved once as small JSON files under $METERSERVE_CACHE_DIR (<stem>-<digest>.meta/, keyed
+  by the file's path, size and mtime) and read from there afterwards.
+- Weights: GGUFWeights reads each tensor's bytes with pread(2) straight into memory the model
+  keeps (no mmap: touched file pages would count toward resident memory), once. Linear weights
+  stay in their block formats (engine/gguf_tensors.py; served by engine/models/gguf_linear.py),
+  so the served model is the file's bytes plus float norms and biases: one copy.
+- llama.cpp's converter interleaves the rows of q and k for the llama architecture (its RoPE
+  pairs adjacent dims); Hugging Face's layout pairs dim d with d + head_dim / 2. Rows are
+  independent in every block format, so the permutation is undone on whole stored rows while
+  copying, as transformers' reverse_permute does on floats. qwen2 and qwen3 files are written
+  unpermuted (convert_hf_to_gguf permutes in LlamaModel only; transformers undoes it only for
+  "llama").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+
+from engine.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
+from engine.gguf_tensors import FLOAT_DTYPES, GGUFBlocks, block_kinds, kind_name, row_bytes
+from engine.loader import LoadedCheckpoint, ModelLoadError, cache_root, check_supported
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+PERMUTED_ARCHITECTURES = ("llama",)  # q/k rows interleaved by llama.cpp's converter
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_IGNORED = ("rope_freqs.weight",)  # llama3 RoPE factors: the config's rope_parameters hold them
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor, None for a name we do not map."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        return None
+    layer, part, leaf = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{leaf}"
+
+
+class GGUFWeights(Mapping[str, torch.Tensor]):
+    """A GGUF file's tensors by Hugging Face name, read on access (each once).
+
+    `weights[name]` gives a float tensor (a block-format one dequantized: for code that wants
+    floats); `is_blocks(name)` says a weight is stored in a block format and `read_blocks`
+    reads weights as stored, stacking consecutive parts of one format into one buffer (a fused
+    q|k|v or gate|up of one format is one read, into its final memory)."""
+
+    def __init__(self, path: Path, tensors: dict[str, TensorInfo], permuted: dict[str, int]):
+        self.path = path
+        self._tensors = tensors
+        self._permuted = permuted  # HF name -> heads whose interleaved rows to undo
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        info = self._tensors[name]
+        (part,) = self.read_blocks([name])  # rows of a 2-D q/k weight are unpermuted there
+        if part.is_float:
+            tensor = part.blocks.view(FLOAT_DTYPES[part.kind]).reshape(info.shape)
+        else:
+            tensor = part.dequantize().reshape(info.shape)
+        if len(info.shape) == 1 and name in self._permuted:  # a llama q/k bias: by element
+            tensor = tensor[_unpermute_order(tensor.shape[0], self._permuted[name])]
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def is_blocks(self, name: str) -> bool:
+        return self._tensors[name].kind not in FLOAT_DTYPES
+
+    def read_blocks(self, names: list[str]) -> list[GGUFBlocks]:
+        """The weights `names` stacked by rows, as stored: one GGUFBlocks per run of
+        consecutive parts that share a format and width."""
+        runs: list[list[tuple[str, TensorInfo]]] = []
+        for name in names:
+            info = self._tensors[name]
+            last = runs[-1][0][1] if runs else None
+            if last is not None and (last.kind, last.shape[-1]) == (info.kind, info.shape[-1]):
+                runs[-1].append((name, info))
+            else:
+                runs.append([(name, info)])
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return [self._read_run(fd, run) for run in runs]
+        finally:
+            os.close(fd)
+
+    def _read_run(self, fd: int, run: list[tuple[str, TensorInfo]]) -> GGUFBlocks:
+        """One buffer holding the run's tensors stacked by rows, each read once into place."""
+        kind, cols = run[0][1].kind, run[0][1].shape[-1]
+        rows = [_num_rows(info) for _, info in run]
+        out = torch.empty(sum(rows), row_bytes(kind, cols), dtype=torch.uint8)
+        first = 0
+        for (name, info), n in zip(run, rows, strict=True):
+            target = out[first : first + n]
+            heads = self._permuted.get(name) if len(info.shape) == 2 else None
+            if heads is None:
+                _pread_into(fd, target, info.offset)
+            else:  # read, then undo the interleave while copying into place
+                stored = torch.empty_like(target)
+                _pread_into(fd, stored, info.offset)
+                torch.index_select(stored, 0, _unpermute_order(n, heads), out=target)
+            first += n
+        return GGUFBlocks(kind, out, cols)
+
+
+def _num_rows(info: TensorInfo) -> int:
+    rows = 1
+    for size in info.shape[:-1]:
+        rows *= size
+    return rows
+
+
+def _unpermute_order(rows: int, heads: int) -> torch.Tensor:
+    """Stored row order -> HF order: HF row (h, half, i) is stored at (h, i, half), for head h,
+    half in {0, 1}, i in [0, head_dim / 2); as transformers' reverse_permute."""
+    half = rows // heads // 2
+    return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def _pread_into(fd: int, target: torch.Tensor, offset: int) -> None:
+    view = memoryview(target.numpy()).cast("B")
+    done = 0
+    while done < len(view):
+        count = os.preadv(fd, [view[done:]], offset + done)
+        if count == 0:
+            raise ModelLoadError(f"GGUF file truncated at byte {offset + done}")
+        done += count
+
+
+def load_gguf_checkpoint(path: Path, name: str) -> LoadedCheckpoint:
+    """Config, tokenizer and weights of a GGUF file; ModelLoadError (one line) for an
+    architecture or tensor format we do not serve."""
+    try:
+        header = read_header(path)
+    except (GGUFFormatError, OSError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+    architecture = header.architecture
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported GGUF architecture {architecture!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    tensors = _mapped_tensors(header)
+    config, tokenizer = _config_and_tokenizer(path, header)
+    check_supported(config)
+    permuted = _permuted_tensors(tensors, config) if architecture in PERMUTED_ARCHITECTURES else {}
+    weights = GGUFWeights(path, tensors, permuted)
+    return LoadedCheckpoint(config, tokenizer, weights, name=name, source=str(path))
+
+
+def _permuted_tensors(tensors: dict[str, TensorInfo], config) -> dict[str, int]:
+    """HF name -> heads, for the q and k weights and biases llama.cpp interleaved."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    suffixes = {"self_attn.q_proj.": heads, "self_attn.k_proj.": kv_heads}
+    return {name: count for name in tensors for suffix, count in suffixes.items() if suffix in name}
+
+
+def _mapped_tensors(header: GGUFHeader) -> dict[str, TensorInfo]:
+    """HF name -> tensor info; refuses a tensor format we cannot serve."""
+    served = block_kinds()
+    tensors: dict[str, TensorInfo] = {}
+    for info in header.tensors:
+        name = hf_name(info.name)
+        if name is None:
+            if info.name not in _IGNORED:
+                log.warning("GGUF tensor %s is not used", info.name)
+            continue
+        if info.kind not in FLOAT_DTYPES and (info.kind not in served or len(info.shape) != 2):
+            supported = ", ".join(sorted(kind_name(k) for k in served | set(FLOAT_DTYPES)))
+            raise ModelLoadError(
+                f"unsupported GGUF tensor type {kind_name(info.kind)} ({info.name}); "
+                f"supported: {supported}"
+            )
+        tensors[name] = info
+    return tensors
+
+
+def _config_and_tokenizer(path: Path, header: GGUFHeader) -> tuple[object, object]:
+    """From the metadata cache, made now from the file when missing."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    meta = metadata_dir(path, header)
+    try:
+        return AutoConfig.from_pretrained(meta), AutoTokenizer.from_pretrained(meta)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read GGUF metadata cache {meta}: {_one_line(exc)}") from exc
+
+
+def metadata_dir(path: Path, header: GGUFHeader | None = None) -> Path:
+    """The file's metadata cache (config.json and tokenizer files), written now if missing."""
+    meta = metadata_cache_dir(path)
+    if not (meta / "config.json").is_file():
+        _write_metadata_cache(path, read_header(path) if header is None else header, meta)
+    return meta
+
+
+def metadata_cache_dir(path: Path) -> Path:
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / f"{path.stem}-{digest}.meta"
+
+
+def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    log.info("reading the metadata of %s (first load; cached in %s)", path, meta)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read GGUF metadata of {path}: {_one_line(exc)}") from exc
+    # transformers maps no key to head_dim, so a config class's default would stand (Qwen3's
+    # 128) where the file says otherwise; llama.cpp writes it as attention.key_length.
+    head_dim = header.arch_value("attention.key_length")
+    if head_dim is not None:
+        config.head_dim = int(head_dim)
+    tmp = meta.with_name(meta.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if meta.exists():  # another process wrote it meanwhile; keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, meta)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

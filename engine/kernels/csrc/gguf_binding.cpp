@@ -1,0 +1,67 @@
+// gguf_linear: checks, then the path for the number of rows (gguf_linear.h).
+#include "gguf_binding.h"
+
+#include "binding_checks.h"
+#include "gguf_linear.h"
+
+namespace meterserve {
+namespace {
+
+// x [M, K] @ w.T (+ bias) with w the ggml blocks of type `kind`, out_features rows of
+// row_bytes(kind, K) bytes (any contiguous uint8 tensor of that many bytes: [N, row_bytes] or
+// the file's flat bytes). use_amx=False takes the AVX512-BF16 path above 8 rows even where
+// AMX is available (so both are testable on one machine).
+torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                             int64_t out_features, const c10::optional<torch::Tensor>& bias,
+                             bool use_amx) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 &&
+                  x.is_contiguous(),
+              "gguf_linear: x must be contiguous bfloat16 [M >= 1, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), K);
+  TORCH_CHECK(row_bytes > 0, "gguf_linear: ggml type ", kind,
+              " is not supported, or K = ", K, " is not a whole number of its blocks");
+  TORCH_CHECK(N >= 1 && blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 &&
+                  blocks.is_contiguous() && blocks.numel() == N * row_bytes,
+              "gguf_linear: blocks must be contiguous uint8 holding out_features x ", row_bytes,
+              " bytes");
+  const bf16* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
+                    bias->scalar_type() == torch::kBFloat16,
+                "gguf_linear: bias must be bfloat16 [out_features]");
+    bias_ptr = data<bf16>(*bias);
+  }
+  const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K};
+  auto out = torch::empty({M, N}, x.options());
+  if (M <= kSmallBatchRows) {
+    gguf_small_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
+  } else if (use_amx && amx_available()) {
+    // x padded to whole 32-row blocks, in amx_pack_weight's tile layout (the B operand).
+    const int64_t padded_rows = (M + 31) / 32 * 32;
+    torch::Tensor rows = x;
+    if (padded_rows != M) {
+      rows = torch::zeros({padded_rows, K}, x.options());
+      rows.narrow(0, 0, M).copy_(x);
+    }
+    const torch::Tensor tiles =
+        rows.reshape({padded_rows / 16, 16, K / 32, 16, 2}).permute({0, 2, 3, 1, 4}).contiguous();
+    gguf_panel_linear_amx(data<bf16>(tiles), padded_rows, w, bias_ptr, data<bf16>(out), M);
+  } else {
+    gguf_panel_linear_vector(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_gguf(pybind11::module_& m) {
+  m.def("gguf_linear", &gguf_linear_op,
+        "x[M, K] @ w.T (+ bias), w = ggml blocks as stored (exact weights up to 4 rows, "
+        "bf16-rounded above)",
+        py::arg("x"), py::arg("blocks"), py::arg("kind"), py::arg("out_features"),
+        py::arg("bias") = py::none(), py::arg("use_amx") = true,
+        py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace meterserve

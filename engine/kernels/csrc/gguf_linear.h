@@ -1,0 +1,43 @@
+// Products with weights held as ggml blocks, exactly as stored in a GGUF file (gguf_blocks.h).
+//
+//   out[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]),  w = the blocks' weights (gguf-py's values)
+//
+// x bf16 [M, K] row-major; the weight is N rows of row_bytes(kind, K) bytes; out bf16 [M, N].
+// Which weights each path multiplies (the reference each is tested against):
+//   M <= kExactRows:  the exact float32 weights (fp32 sums);
+//   larger M:         the weights rounded to bf16, as a bf16 checkpoint's would be.
+#pragma once
+
+#include <cstdint>
+
+#include "numeric.h"
+
+namespace meterserve {
+
+struct GgufWeight {
+  int kind;               // ggml type id (gguf::Kind)
+  const uint8_t* blocks;  // [N, row_bytes]
+  int64_t N, K;
+};
+
+// Up to this many rows the small-batch path multiplies the exact weights (gguf_linear.cpp).
+constexpr int64_t kGgufExactRows = 4;
+
+// Bytes of one weight row of K weights; 0 if kind is unsupported or K is not whole blocks.
+int64_t gguf_row_bytes(int kind, int64_t K);
+
+// M <= kSmallBatchRows (8): streams the blocks once for all rows, decoding as it goes.
+void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
+                       int64_t M);
+
+// Any M, on AMX tiles: x_tiles is x padded with zero rows to padded_rows (a multiple of 32)
+// in amx_pack_weight's layout (kernels.h). Each thread dequantizes 32 weight rows at a time
+// to bf16 and multiplies them into every row of x (gguf_panel.cpp).
+void gguf_panel_linear_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w,
+                           const bf16* bias, bf16* out, int64_t M);
+
+// Any M, AVX512-BF16 dot products over the same dequantized panels (CPUs without AMX).
+void gguf_panel_linear_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
+                              int64_t M);
+
+}  // namespace meterserve

@@ -1,0 +1,138 @@
+"""GGUFLinear and GGUFEmbedding: a GGUF model's weights served in the file's own block formats.
+
+A GGUFLinear owns one linear layer's weight as row ranges ("parts"), each in one stored format:
+a fused q|k|v or gate|up whose parts share a format is one part; where they differ (Q4_K_M
+files keep some v and down projections in Q6_K) each run of one format is a part and the
+outputs are concatenated. prepare_gguf_modules() picks the path once, at load:
+- bfloat16 with the native kernels: kernels.gguf_linear reads each part's blocks as stored, at
+  every number of rows (no float copy of the weight exists); a float part (F32/F16/BF16 in the
+  file) is kept in the model's dtype and multiplied by F.linear;
+- float32 (the exactness tests against Hugging Face), no kernels, or EngineConfig.gguf_matvec
+  off: the layer becomes a plain nn.Linear whose weight is the blocks dequantized once into the
+  model's dtype (engine/gguf_blocks.py's dequantize, equal to gguf-py's), the blocks dropped;
+  in bfloat16 the runner then packs it like any bf16 layer. Each layer holds one copy.
+A GGUFLinear that was never prepared dequantizes its parts on every call (the plain reference).
+
+GGUFEmbedding keeps a quantized token embedding as blocks and dequantizes only the rows a step
+looks up; a tied LM head is a GGUFLinear over the same blocks tensor (one copy for both).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.gguf_tensors import GGUFBlocks
+
+
+class GGUFLinear(nn.Module):
+    """y = x W^T (+ bias), W = the parts stacked by rows ([out_features, in_features])."""
+
+    def __init__(
+        self, parts: list[GGUFBlocks], in_features: int, bias: nn.Parameter | None, dtype
+    ) -> None:
+        super().__init__()
+        if any(p.cols != in_features for p in parts):
+            raise ValueError(f"GGUF weight parts of {[p.cols for p in parts]} != {in_features}")
+        self.in_features = in_features
+        self.out_features = sum(p.rows for p in parts)
+        self.parts = tuple(parts)
+        self.bias = bias
+        self.dtype = dtype
+        self.kernels = None  # set by use_kernels(); None: dequantize per call
+
+    def use_kernels(self, kernels) -> None:
+        """Read the blocks with kernels.gguf_linear from now on; float parts in the dtype."""
+        self.kernels = kernels
+        self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
+
+    def to_linear(self) -> nn.Linear:
+        """An nn.Linear holding this weight dequantized into the dtype (one part's float32
+        temporary at a time) and the same bias."""
+        with torch.device("meta"):
+            linear = nn.Linear(self.in_features, self.out_features, bias=False)
+        weight = torch.empty(self.out_features, self.in_features, dtype=self.dtype)
+        first = 0
+        for part in self.parts:
+            rows = part.shape[0] if isinstance(part, torch.Tensor) else part.rows
+            weight[first : first + rows] = _dequantized(part)
+            first += rows
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        linear.bias = self.bias
+        return linear
+
+    @property
+    def num_params(self) -> int:
+        return self.out_features * self.in_features
+
+    def bytes_read(self) -> int:
+        """Weight (and bias) bytes one forward streams, at any number of rows."""
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return sum(_part_bytes(p) for p in self.parts) + bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        outs = [self._part(flat, p) for p in self.parts]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _part(self, flat: torch.Tensor, part: GGUFBlocks | torch.Tensor) -> torch.Tensor:
+        if isinstance(part, torch.Tensor):
+            return F.linear(flat, part)
+        if self.kernels is None:
+            return F.linear(flat, part.dequantize().to(flat.dtype))
+        return self.kernels.gguf_linear(flat.contiguous(), part.blocks, part.kind, part.rows)
+
+
+class GGUFEmbedding(nn.Module):
+    """Token embedding kept as stored blocks; forward dequantizes the looked-up rows only."""
+
+    def __init__(self, table: GGUFBlocks, dtype) -> None:
+        super().__init__()
+        self.table = table
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = table.rows, table.cols
+
+    @property
+    def num_params(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.table.take_rows(input_ids.reshape(-1)).dequantize().to(self.dtype)
+        return rows.reshape(*input_ids.shape, self.embedding_dim)
+
+
+def prepare_gguf_modules(model: nn.Module, kernels, dtype) -> int:
+    """Pick every GGUFLinear's path (module docstring): kernels.gguf_linear in bfloat16 when
+    `kernels` has it, else an nn.Linear of the dequantized weight, swapped in one layer at a
+    time. Returns how many layers read their blocks."""
+    native = dtype == torch.bfloat16 and kernels is not None and hasattr(kernels, "gguf_linear")
+    parents = [m for m in model.modules() if any(isinstance(c, GGUFLinear) for c in m.children())]
+    count = 0
+    for parent in parents:
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, GGUFLinear):
+                continue
+            if native:
+                child.use_kernels(kernels)
+                count += 1
+            else:
+                setattr(parent, name, child.to_linear())
+    return count
+
+
+def _float_part_in(part: GGUFBlocks, dtype) -> GGUFBlocks | torch.Tensor:
+    return part.dequantize().to(dtype) if part.is_float else part
+
+
+def _dequantized(part: GGUFBlocks | torch.Tensor) -> torch.Tensor:
+    return part if isinstance(part, torch.Tensor) else part.dequantize()
+
+
+def _part_bytes(part: GGUFBlocks | torch.Tensor) -> int:
+    if isinstance(part, torch.Tensor):
+        return part.numel() * part.element_size()
+    return part.nbytes

@@ -1,0 +1,140 @@
+"""GGUF block formats: engine/gguf_blocks.py's dequantize against gguf-py's, and the native
+gguf_linear against dequantize (STYLE 11), per format, at 1, 5, 9 and 64 rows.
+
+Blocks come from gguf-py's quantizer where it has one (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); it can
+only read the K-quants, so those are written from the ggml layout: random code and scale
+bytes, finite fp16 d / dmin of a trained model's magnitude.
+
+Tolerances: gguf_linear accumulates in fp32 in its own order and rounds once to bf16, so it
+may differ from the fp32 reference rounded to bf16 by that rounding (one bf16 ulp, 2^-8
+relative) plus fp32 summation error; the references are exact (no rounding before the sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from engine import gguf_blocks
+from engine.kernels import load_cpu_kernels
+
+SERVED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]  # issue 22
+KINDS = [int(GGMLQuantizationType[name]) for name in SERVED]
+QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # gguf-py's quantize_blocks
+ROWS, COLS = 96, 512
+BF16_TOLERANCE = {"atol": 1e-2, "rtol": 8e-3}
+
+
+def make_blocks(kind: int, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """uint8 [rows, row_bytes(kind, cols)] blocks of ggml type `kind`."""
+    fmt = gguf_blocks.block_format(kind)
+    rng = np.random.default_rng(seed)
+    if fmt.name in QUANTIZABLE:
+        weights = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
+        return torch.from_numpy(quants.quantize(weights, GGMLQuantizationType(kind)))
+    shape = (rows, cols // fmt.block_weights)
+    blocks = rng.integers(0, 256, size=(*shape, fmt.block_bytes), dtype=np.uint8)
+
+    def halves(low: float, high: float) -> np.ndarray:
+        return rng.uniform(low, high, size=(*shape, 1)).astype(np.float16).view(np.uint8)
+
+    if fmt.name == "Q6_K":
+        blocks[..., 208:210] = halves(1e-4, 1e-3)  # d (after the int8 scales)
+    else:
+        blocks[..., 0:2] = halves(1e-4, 2e-3)  # d
+        blocks[..., 2:4] = halves(1e-4, 2e-3)  # dmin
+    return torch.from_numpy(blocks.reshape(rows, -1))
+
+
+def test_the_table_is_ggml_s() -> None:
+    assert sorted(gguf_blocks.FORMATS) == sorted(KINDS)
+    q4_k = gguf_blocks.block_format(int(GGMLQuantizationType.Q4_K))
+    assert (q4_k.block_weights, q4_k.block_bytes) == (256, 144)
+    assert gguf_blocks.row_bytes(int(GGMLQuantizationType.Q8_0), 64) == 68
+    assert gguf_blocks.is_supported(int(GGMLQuantizationType.Q6_K))
+    assert not gguf_blocks.is_supported(int(GGMLQuantizationType.Q2_K))
+    with pytest.raises(ValueError, match="Q2_K is not supported"):
+        gguf_blocks.row_bytes(int(GGMLQuantizationType.Q2_K), 256)
+    with pytest.raises(ValueError, match="multiples of 256"):
+        gguf_blocks.row_bytes(int(GGMLQuantizationType.Q4_K), 576)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_equals_gguf_py(kind) -> None:
+    blocks = make_blocks(kind, 24, COLS, seed=kind)
+    want = quants.dequantize(blocks.numpy(), GGMLQuantizationType(kind))
+    got = gguf_blocks.dequantize(kind, blocks, COLS)
+    assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(want))
+    assert got.abs().max() > 0
+
+
+def test_dequantize_works_in_pieces_of_rows() -> None:
+    kind = int(GGMLQuantizationType.Q4_0)
+    blocks = make_blocks(kind, gguf_blocks._ROWS_PER_PIECE + 3, 64, seed=1)
+    want = quants.dequantize(blocks.numpy(), GGMLQuantizationType(kind))
+    assert torch.equal(gguf_blocks.dequantize(kind, blocks, 64), torch.from_numpy(want))
+
+
+# --- gguf_linear -----------------------------------------------------------------------------
+
+kernels = load_cpu_kernels()
+needs_kernels = pytest.mark.skipif(
+    kernels is None, reason="native CPU kernels not available (no AVX512-BF16 or no compiler)"
+)
+
+
+def reference(x: torch.Tensor, kind: int, blocks: torch.Tensor, bias=None) -> torch.Tensor:
+    """What gguf_linear computes for x's row count: the exact weights up to 4 rows
+    (kGgufExactRows), the weights rounded to bf16 above, fp32 sums, one rounding."""
+    weights = gguf_blocks.dequantize(kind, blocks, x.shape[1])
+    if x.shape[0] > 4:
+        weights = weights.bfloat16().float()
+    out = x.float() @ weights.T
+    return (out if bias is None else out + bias.float()).bfloat16()
+
+
+def large_batch_paths() -> list[bool]:
+    """use_amx values that pick different kernels here: AMX (where present) and AVX512-BF16."""
+    return [True, False] if kernels.amx_available() else [False]
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 5, 9, 64])
+def test_gguf_linear_matches_its_reference(kind, rows) -> None:
+    blocks = make_blocks(kind, ROWS, COLS, seed=rows)
+    torch.manual_seed(rows)
+    x = torch.randn(rows, COLS, dtype=torch.bfloat16)
+    want = reference(x, kind, blocks)
+    for use_amx in large_batch_paths() if rows > 8 else [True]:
+        got = kernels.gguf_linear(x, blocks, kind, ROWS, use_amx=use_amx)
+        torch.testing.assert_close(got, want, **BF16_TOLERANCE)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [2, 3, 4, 6, 7, 8, 33])
+def test_gguf_linear_every_small_row_count_and_a_ragged_shape(rows) -> None:
+    """N not a multiple of the panels (32 rows on AMX, 16 without) and M not of 32; bias."""
+    kind = int(GGMLQuantizationType.Q6_K)
+    blocks = make_blocks(kind, 45, 256, seed=rows)
+    torch.manual_seed(rows)
+    x, bias = torch.randn(rows, 256, dtype=torch.bfloat16), torch.randn(45, dtype=torch.bfloat16)
+    want = reference(x, kind, blocks, bias)
+    for use_amx in large_batch_paths():
+        got = kernels.gguf_linear(x, blocks.flatten(), kind, 45, bias, use_amx=use_amx)
+        torch.testing.assert_close(got, want, **BF16_TOLERANCE)
+
+
+@needs_kernels
+def test_gguf_linear_rejects_what_it_cannot_read() -> None:
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    q4_k = int(GGMLQuantizationType.Q4_K)
+    blocks = make_blocks(q4_k, 4, 256, seed=0)
+    with pytest.raises(RuntimeError, match="not supported"):
+        kernels.gguf_linear(x, blocks, int(GGMLQuantizationType.Q2_K), 4)
+    with pytest.raises(RuntimeError, match="not a whole number"):
+        kernels.gguf_linear(x[:, :64], blocks, q4_k, 4)
+    with pytest.raises(RuntimeError, match="out_features x 144"):
+        kernels.gguf_linear(x, blocks, q4_k, 5)
