@@ -21,7 +21,10 @@ The batch is split by what its rows need, and each part is done for all its rows
 sampling/reference.py is the plain per-row definition all of this is tested against.
 
 Draws: each sampled row consumes one uniform per step. A request with a seed draws it from its
-own torch.Generator, so its tokens do not depend on what else shares the batch; unseeded rows
+own torch.Generator, so its draws do not depend on what else shares the batch (its logits
+can: the model's kernels round differently at different row counts, e.g. a bf16 or GGUF model's
+1-4-row matvecs against its larger-batch tiles, so a seeded or greedy request's tokens can
+change with its batch; no batch-invariant mode exists yet); unseeded rows
 share one generator, seeded from os.urandom unless Sampler(seed=...) is given.
 """
 
