@@ -25,7 +25,6 @@ SOURCES = [
     "decode_stack_binding.cpp",
     "decode_stack.cpp",
     "small_batch_linear.cpp",
-    "quantized_linear.cpp",
     "gguf_binding.cpp",
     "gguf_linear.cpp",
     "gguf_panel.cpp",

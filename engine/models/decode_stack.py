@@ -1,11 +1,12 @@
 """DecodeStack: a Llama model's decoder layers as one native call for small decode steps.
 
 A decode-only step of a few rows (single-stream and few-stream serving: 1-8 for a GGUF model,
-1-4 for a row-major bf16 one) runs each layer's ~10 kernels from Python: with the calls, their
-argument checks and the views between them, that is ≈ 1.3 ms of a ≈ 4.7 ms single-stream step.
-The native DecodeStack (engine/kernels/csrc/decode_stack.cpp) makes the same kernel calls in
-the same order from C++: its output is bit-identical to LlamaForCausalLM.forward's on the same
-step (tests/integration_engine/test_decode_stack.py), so using it or not changes no token.
+1-4 for a row-major bf16 one on an AMX CPU) runs each layer's ~10 kernels from Python: with the
+calls, their argument checks and the views between them, that is ≈ 1.3 ms of a ≈ 4.7 ms
+single-stream step. The native DecodeStack (engine/kernels/csrc/decode_stack.cpp) makes the
+same kernel calls in the same order from C++: its output is bit-identical to
+LlamaForCausalLM.forward's on the same step (tests/integration_engine/test_decode_stack.py), so
+using it or not changes no token.
 
 It applies only where every piece of such a step already runs on a native kernel: bfloat16,
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
@@ -24,7 +25,7 @@ from engine.models.gguf_linear import GGUFLinear
 from engine.models.layer_ops import KernelLayerOps
 from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
-DENSE_KIND = -1  # the native stack's kind for a row-major bf16 weight (else the GGUF kind id)
+DENSE_KIND = -1  # the native stack's kind for a PackedLinear's row-major bf16 weight
 GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' ggml types and rows, then their stored blocks
 
 
@@ -89,8 +90,8 @@ def _max_rows(linears, kernels) -> int:
     AMX, SmolLM2 decode steps of 6 and 8 rows 9.5-11.3 and 10.5-11.7 ms, against 12.6-15.7 and
     14.0-14.6 ms on oneDNN's bf16 layout). A row-major bf16 model (AMX CPUs) stays at
     SMALL_BATCH_ROWS: its 5-8-row matvecs were not measured against the AMX tiles."""
-    quantized = all(kind != DENSE_KIND for kind, _ in linears)
-    return kernels.MAX_SMALL_BATCH_ROWS if quantized else SMALL_BATCH_ROWS
+    gguf = all(kind == GGUF_PARTS_KIND for kind, _ in linears)
+    return kernels.MAX_SMALL_BATCH_ROWS if gguf else SMALL_BATCH_ROWS
 
 
 def _eligible(model, kernels) -> bool:
@@ -128,15 +129,11 @@ def _small_batch_native(linear) -> bool:
         return linear.bias is None and linear.kernels is not None and not float_part
     if not isinstance(linear, PackedLinear) or linear.bias is not None:
         return False
-    return linear.quantized is not None or linear.weight is not None
+    return linear.weight is not None  # kept only on AMX CPUs
 
 
 def _linear_spec(linear: PackedLinear | GGUFLinear) -> tuple[int, list[torch.Tensor]]:
     if isinstance(linear, GGUFLinear):
         parts = torch.tensor([[part.kind, part.rows] for part in linear.parts], dtype=torch.int64)
         return GGUF_PARTS_KIND, [parts, *(part.blocks for part in linear.parts)]
-    q = linear.quantized
-    if q is None:
-        return DENSE_KIND, [linear.weight]
-    tensors = [q.codes, q.scales] if q.mins is None else [q.codes, q.scales, q.mins]
-    return q.kind_id, tensors
+    return DENSE_KIND, [linear.weight]

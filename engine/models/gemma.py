@@ -35,8 +35,7 @@ from torch import nn
 from engine.attention.metadata import AttentionMetadata
 from engine.models.layer_ops import RotaryInputs, TorchLayerOps
 from engine.models.layers import RotaryEmbedding
-from engine.models.weight_loader import WeightLoader, fuse, fused_linear_blocks
-from engine.quantized_weights import QuantizedTensor
+from engine.models.weight_loader import WeightLoader, fuse
 from engine.sliding_windows import layer_windows
 
 # hidden_activation -> torch's gelu `approximate` argument (HF's ACT2FN names).
@@ -290,11 +289,6 @@ class GemmaForCausalLM(nn.Module):
             for norm in norms:
                 put_norm(f"{prefix}{norm}.weight")
         loader.check_complete()
-
-    def quantized_linears(self, quantized: dict[str, QuantizedTensor]):
-        """(our linear module, its weight as GGUF blocks) for every linear whose source
-        weights all have blocks, fused the way load_weights fuses the float weights."""
-        return fused_linear_blocks(self, quantized, self.shape.tie_word_embeddings)
 
 
 def _rope_keys(config) -> list[str]:

@@ -37,8 +37,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.models.layer_ops import RotaryInputs, TorchLayerOps
 from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from engine.models.moe import ROUTER_NAMES, SparseMoE, moe_layer_indices
-from engine.models.weight_loader import LINEAR_SOURCES, WeightLoader, fused_linear_blocks
-from engine.quantized_weights import QuantizedTensor
+from engine.models.weight_loader import LINEAR_SOURCES, WeightLoader
 from engine.sliding_windows import layer_windows
 
 
@@ -288,15 +287,6 @@ class LlamaForCausalLM(nn.Module):
             norms += ["self_attn.q_norm", "self_attn.k_norm"]
         for norm in norms:
             loader.put(f"{prefix}{norm}.weight")
-
-    def quantized_linears(self, quantized: dict[str, QuantizedTensor]):
-        """(our linear module, its weight as GGUF blocks) for every linear whose source
-        weights all have blocks; a MoE layer's experts and router stay in the serving dtype."""
-
-        def skip(layer, ours: str) -> bool:
-            return isinstance(layer.mlp, SparseMoE) and ours.startswith("mlp.")
-
-        return fused_linear_blocks(self, quantized, self.shape.tie_word_embeddings, skip)
 
 
 def _moe_fields(config) -> dict:

@@ -6,23 +6,20 @@ costs more than the matmul at decode batch sizes. So the weight is laid out once
   shape tiles evenly, else oneDNN's blocked layout (as PyTorch's inductor packs with weight
   freezing);
 - up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests), when the
-  native kernels are built: for a GGUF model, quantized_linear over the file's own 4/8-bit
-  blocks (use_quantized), a quarter of the bytes to stream; else, on an AMX CPU,
-  small_batch_linear over the plain row-major weight (oneDNN on AMX streams a packed weight at
-  only ~10 GB/s for one row); without AMX, the same blocked layout as larger batches: oneDNN's
+  native kernels are built: on an AMX CPU, small_batch_linear over the plain row-major weight,
+  the only layout these batches read (oneDNN on AMX streams a packed weight at only ~10 GB/s
+  for one row); without AMX, the same blocked layout as larger batches: oneDNN's
   AVX512-BF16 kernels stream it faster than small_batch_linear (AMD EPYC, 1.5B shapes, 1-4
   rows: 4.4 vs 5.9 ms for one row of the 49152 x 2048 head), and no second copy is kept.
 Each layer thus holds one bf16 layout of its weight, or two on AMX CPUs (tiles and row-major).
 Only used for bfloat16; float32 keeps nn.Linear (the exactness tests run in float32 against
-Hugging Face).
+Hugging Face). A GGUF model's linears are GGUFLinear (gguf_linear.py), over the file's blocks.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from engine.quantized_weights import RepackedWeight
 
 # Rows up to which a single call takes the small-batch kernels. The kernels take up to 8
 # (kSmallBatchRows in csrc/kernels.h); 5-8 rows use them only inside the decode stack
@@ -40,8 +37,8 @@ class PackedLinear(nn.Module):
     """Owns one linear layer's weight in the layouts its batch sizes need:
     more than SMALL_BATCH_ROWS rows: `amx_weight` (AMX tiles, when the kernels have AMX and the
     shape tiles evenly), else `packed_weight` (oneDNN);
-    rows <= SMALL_BATCH_ROWS: `quantized` (GGUF blocks) or `weight` (row-major, kept only on
-    AMX CPUs), via kernels; else the large-batch layout."""
+    rows <= SMALL_BATCH_ROWS: `weight` (row-major, kept only on AMX CPUs), via kernels; else
+    the large-batch layout."""
 
     def __init__(self, linear: nn.Linear, kernels=None) -> None:
         super().__init__()
@@ -52,7 +49,6 @@ class PackedLinear(nn.Module):
         self.kernels = kernels
         amx = kernels is not None and kernels.amx_available()
         self.weight = weight.contiguous() if amx else None
-        self.quantized: RepackedWeight | None = None  # set by use_quantized()
         self.amx_weight = None
         self.packed_weight = None
         if _amx_fits(kernels, self.out_features, in_features):
@@ -60,34 +56,23 @@ class PackedLinear(nn.Module):
         else:
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
-    def use_quantized(self, weight: RepackedWeight) -> None:
-        """Serve small batches from GGUF blocks (equal to this layer's float weight)."""
-        if self.kernels is None or self.bias is not None:
-            raise ValueError("quantized small-batch path needs the kernels and no bias")
-        self.quantized = weight
-        self.weight = None  # the bf16 row-major copy is no longer read
-
     def bytes_read(self, num_rows: int) -> int:
         """Bytes of weight (and bias) one forward over num_rows rows streams, as the path
         forward() takes for that many rows reads them (the meter's bytes moved)."""
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         if self._small_batch_path(num_rows):
-            q = self.quantized
-            if q is None:
-                return _nbytes(self.weight) + bias
-            return _nbytes(q.codes) + _nbytes(q.scales) + _nbytes(q.mins) + bias
+            return self.weight.numel() * self.weight.element_size() + bias
         # The AMX tiles and oneDNN's blocked layout hold the same bf16 values, re-laid out.
         return self.out_features * self.in_features * 2 + bias
 
     def _small_batch_path(self, num_rows: int) -> bool:
-        """Whether num_rows rows go to the small-batch kernels (GGUF blocks or row-major)."""
-        has_layout = self.weight is not None or self.quantized is not None
-        return has_layout and 0 < num_rows <= SMALL_BATCH_ROWS
+        """Whether num_rows rows go to small_batch_linear over the row-major weight."""
+        return self.weight is not None and 0 < num_rows <= SMALL_BATCH_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if self._small_batch_path(flat.shape[0]):
-            out = self._small_batch(flat.contiguous())
+            out = self.kernels.small_batch_linear(flat.contiguous(), self.weight, self.bias)
         elif self.amx_weight is not None:
             out = self.kernels.amx_linear(flat, self.amx_weight, self.bias)
         else:
@@ -96,16 +81,6 @@ class PackedLinear(nn.Module):
             )
         return out.reshape(*x.shape[:-1], self.out_features)
 
-    def _small_batch(self, flat: torch.Tensor) -> torch.Tensor:
-        q = self.quantized
-        if q is None:
-            return self.kernels.small_batch_linear(flat, self.weight, self.bias)
-        return self.kernels.quantized_linear(flat, q.kind_id, q.codes, q.scales, q.mins)
-
-
-def _nbytes(tensor: torch.Tensor | None) -> int:
-    return 0 if tensor is None else tensor.numel() * tensor.element_size()
-
 
 def _amx_fits(kernels, out_features: int, in_features: int) -> bool:
     if kernels is None or not kernels.amx_available():
@@ -113,15 +88,9 @@ def _amx_fits(kernels, out_features: int, in_features: int) -> bool:
     return out_features % 32 == 0 and in_features % 32 == 0
 
 
-def pack_linears(
-    model: nn.Module, kernels=None, quantized: dict[nn.Module, RepackedWeight] | None = None
-) -> int:
+def pack_linears(model: nn.Module, kernels=None) -> int:
     """Swap every bf16 nn.Linear in `model` for a PackedLinear, one layer at a time, so only
-    one layer's new layout is in flight beside the weights. A layer found in `quantized`
-    serves small batches from those blocks (use_quantized) and its row-major weight is freed
-    before the next layer is packed: entries are popped, as a key holds its layer alive.
-    Returns how many were swapped."""
-    quantized = {} if quantized is None else quantized
+    one layer's new layout is in flight beside the weights. Returns how many were swapped."""
     count = 0
     # Parents only: a list of every module would keep each replaced nn.Linear (and so its
     # weight) alive until the end.
@@ -130,11 +99,7 @@ def pack_linears(
         names = [name for name, child in parent.named_children() if _packs(child)]
         for name in names:
             child = getattr(parent, name)
-            packed = PackedLinear(child, kernels)
-            blocks = quantized.pop(child, None)
-            if blocks is not None:
-                packed.use_quantized(blocks)
-            setattr(parent, name, packed)
+            setattr(parent, name, PackedLinear(child, kernels))
             count += 1
     return count
 

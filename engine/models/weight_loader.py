@@ -9,13 +9,12 @@ the weights, plus the tensor being read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
 from engine.models.gguf_linear import GGUFEmbedding, GGUFLinear
-from engine.quantized_weights import QuantizedTensor
 
 # Our fused linear layers and the Hugging Face weights stacked (by rows) into each.
 LINEAR_SOURCES = {
@@ -127,29 +126,6 @@ class WeightLoader:
         missing = [n for n, p in named if p.is_meta]
         if missing:
             raise ValueError(f"weights missing from checkpoint: {missing[:5]}")
-
-
-def fused_linear_blocks(
-    model: nn.Module,
-    quantized: dict[str, QuantizedTensor],
-    tie_word_embeddings: bool,
-    skip: Callable[[nn.Module, str], bool] = lambda layer, ours: False,
-) -> Iterator[tuple[nn.Module, QuantizedTensor]]:
-    """(our linear module, its weight as GGUF blocks) for every linear whose source weights
-    all have blocks, fused the way WeightLoader fuses the float weights."""
-    found = {k.removeprefix("model."): v for k, v in quantized.items()}
-    head = found.get("lm_head.weight")
-    if head is None or tie_word_embeddings:
-        head = found.get("embed_tokens.weight")  # as put_embeddings picks the float head
-    if head is not None:
-        yield model.lm_head, head
-    for i, layer in enumerate(model.layers):
-        for ours, sources in LINEAR_SOURCES.items():
-            if skip(layer, ours):
-                continue
-            parts = [found.get(f"layers.{i}.{s}.weight") for s in sources]
-            if all(p is not None for p in parts):
-                yield layer.get_submodule(ours), QuantizedTensor.concat(parts)
 
 
 def fuse(name: str, parts: list[torch.Tensor], shape: torch.Size, dtype) -> torch.Tensor:

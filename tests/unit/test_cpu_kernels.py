@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 
 from engine.kernels import load_cpu_kernels
 from engine.models.layer_ops import KernelLayerOps, TorchLayerOps
 from engine.models.layers import RotaryEmbedding
-from engine.quantized_weights import BLOCK_BYTES, QuantizedTensor, repack
 
 kernels = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels not available")
@@ -115,48 +115,6 @@ def test_small_batch_linear_matches_fp32_matmul(rows, features) -> None:
     want = (x.float() @ weight.float().T + bias.float()).bfloat16()
     got = kernels.small_batch_linear(x, weight, bias)
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
-
-
-def _random_blocks(kind: str, rows: int, cols: int, seed: int) -> QuantizedTensor:
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows, cols // 32, BLOCK_BYTES[kind]), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.05, size=(rows, cols // 32, 2)).astype(np.float16)
-    blocks[..., 0:2] = scales[..., :1].view(np.uint8)
-    if kind == "q4_1":
-        blocks[..., 2:4] = (-scales[..., 1:] * 8).astype(np.float16).view(np.uint8)
-    return QuantizedTensor(kind, torch.from_numpy(blocks.reshape(rows, -1)), cols)
-
-
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-def test_dequantize_equals_gguf_reference(kind) -> None:
-    from gguf import GGMLQuantizationType, quants
-
-    weight = _random_blocks(kind, 6, 96, seed=3)
-    gguf_type = GGMLQuantizationType.Q4_1 if kind == "q4_1" else GGMLQuantizationType.Q8_0
-    want = quants.dequantize(weight.blocks.numpy(), gguf_type)
-    assert torch.equal(weight.dequantize(), torch.from_numpy(want).reshape(6, 96))
-
-
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_quantized_linear_matches_dequantized_matmul(kind, rows) -> None:
-    weight = _random_blocks(kind, 70, 192, seed=rows)
-    x = torch.randn(rows, 192, dtype=torch.bfloat16)
-    # Up to 4 rows the file's exact weights; above, each block dequantized and rounded to bf16
-    # (kExactRows in quantized_linear.cpp), as the large-batch path's weights are.
-    weights = weight.dequantize() if rows <= 4 else weight.dequantize().bfloat16().float()
-    want = (x.float() @ weights.T).bfloat16()
-    packed = repack(weight)
-    got = kernels.quantized_linear(x, packed.kind_id, packed.codes, packed.scales, packed.mins)
-    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
-
-
-def test_fused_rows_keep_their_blocks() -> None:
-    a, b = _random_blocks("q4_1", 3, 64, seed=5), _random_blocks("q4_1", 2, 64, seed=6)
-    fused = QuantizedTensor.concat([a, b])
-    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
-    order = torch.tensor([4, 0, 2, 1, 3])
-    assert torch.equal(fused.take_rows(order).dequantize(), fused.dequantize()[order])
 
 
 def test_amx_pack_layout_is_the_documented_one() -> None:
@@ -281,7 +239,9 @@ def gil_free_calls() -> dict:
     bf = torch.bfloat16
     x4, weight = torch.randn(4, 512, dtype=bf), torch.randn(1024, 512, dtype=bf)
     rows, residual = torch.randn(64, 512, dtype=bf), torch.randn(64, 512, dtype=bf)
-    packed = repack(_random_blocks("q4_1", 256, 512, seed=12))
+    q4_1 = GGMLQuantizationType.Q4_1  # a GGUF weight's blocks, as gguf-py quantizes them
+    floats = np.random.default_rng(12).standard_normal((256, 512), dtype=np.float32)
+    blocks = torch.from_numpy(quants.quantize(floats, q4_1)).flatten()
     angles = torch.rand(128, 64) * 6.3
     cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
     qkv, positions = torch.randn(64, 6 * 64, dtype=bf), torch.randint(0, 128, (64,))
@@ -294,7 +254,7 @@ def gil_free_calls() -> dict:
     temperature, uniforms = torch.full((64,), 0.8), torch.rand(64, dtype=torch.float64)
     ops = {
         "small_batch_linear": (x4, weight, None),
-        "quantized_linear": (x4, packed.kind_id, packed.codes, packed.scales, packed.mins),
+        "gguf_linear": (x4, blocks, int(q4_1), 256),
         "argmax_rows": (rows,),
         "rms_norm": (rows, weight[0], 1e-5),
         "add_rms_norm_": (normed, residual, weight[0], 1e-5),
@@ -316,7 +276,7 @@ def gil_free_calls() -> dict:
 
 GIL_FREE_OPS = [
     "small_batch_linear",
-    "quantized_linear",
+    "gguf_linear",
     "argmax_rows",
     "rms_norm",
     "add_rms_norm_",
@@ -347,7 +307,7 @@ def test_a_call_that_keeps_the_gil_shows_no_progress() -> None:
 def test_ops_give_the_same_results_from_two_threads_at_once(gil_free_calls) -> None:
     """Without the GIL two threads may run kernels together: no op keeps shared state."""
     calls = gil_free_calls
-    pure = ["small_batch_linear", "quantized_linear", "argmax_rows", "paged_decode_attention"]
+    pure = ["small_batch_linear", "gguf_linear", "argmax_rows", "paged_decode_attention"]
     want = {name: calls[name]() for name in pure}
     with ThreadPoolExecutor(max_workers=2) as pool:
         for name in pure:

@@ -37,26 +37,4 @@ void dispatch(const torch::Tensor& t, Fn&& fn) {
   return fn(bf16{});
 }
 
-// kind 0 = Q4_1: codes uint8 [N, K / 2], scales and mins float32 [N, K / 32];
-// kind 1 = Q8_0: codes int8 [N, K], scales float32 [N, K / 32], no mins.
-inline QuantizedWeight quantized_weight(int64_t kind, const torch::Tensor& codes,
-                                        const torch::Tensor& scales,
-                                        const c10::optional<torch::Tensor>& mins, int64_t K) {
-  TORCH_CHECK(kind == 0 || kind == 1, "quantized weight: kind must be 0 (Q4_1) or 1 (Q8_0)");
-  TORCH_CHECK(K % 32 == 0, "quantized weight: K must be a multiple of 32");
-  const int64_t N = codes.size(0);
-  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2 && codes.element_size() == 1 &&
-                  codes.size(1) == (kind == 0 ? K / 2 : K),
-              "codes must be contiguous [N, K / 2] (Q4_1) or [N, K] (Q8_0) bytes");
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == torch::kFloat32 &&
-                  scales.numel() == N * (K / 32),
-              "scales must be contiguous float32 [N, K / 32]");
-  TORCH_CHECK(kind == 1 || (mins.has_value() && mins->is_contiguous() &&
-                            mins->scalar_type() == torch::kFloat32 && mins->numel() == N * (K / 32)),
-              "Q4_1 needs mins, contiguous float32 [N, K / 32]");
-  return QuantizedWeight{static_cast<QuantKind>(kind),
-                         reinterpret_cast<const uint8_t*>(codes.data_ptr()), data<float>(scales),
-                         kind == 0 ? data<float>(*mins) : nullptr};
-}
-
 }  // namespace meterserve

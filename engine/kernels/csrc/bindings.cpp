@@ -29,19 +29,6 @@ torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor&
   return out;
 }
 
-torch::Tensor quantized_linear_op(const torch::Tensor& x, int64_t kind, const torch::Tensor& codes,
-                                  const torch::Tensor& scales,
-                                  const c10::optional<torch::Tensor>& mins) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kSmallBatchRows,
-              "x must be [1..", kSmallBatchRows, ", K]");
-  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous bfloat16");
-  const int64_t K = x.size(1), N = codes.size(0);
-  const QuantizedWeight weight = quantized_weight(kind, codes, scales, mins, K);
-  auto out = torch::empty({x.size(0), N}, x.options());
-  quantized_linear(data<bf16>(x), weight, data<bf16>(out), x.size(0), N, K);
-  return out;
-}
-
 // [N, K] bf16 -> the AMX tile layout amx_linear reads (N % 32 == 0, K % 32 == 0).
 torch::Tensor amx_pack_weight_op(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
@@ -357,8 +344,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // two threads may call them at once. amx_available keeps the GIL: it returns a cached bool.
   const auto without_gil = py::call_guard<py::gil_scoped_release>();
   m.def("small_batch_linear", &small_batch_linear_op, "x[M<=8,K] @ weight[N,K].T (+ bias), bf16",
-        without_gil);
-  m.def("quantized_linear", &quantized_linear_op, "x[M<=8,K] @ dequantize(Q4_1/Q8_0 blocks).T",
         without_gil);
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
   m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout", without_gil);

@@ -5,7 +5,7 @@
 // as much as the arithmetic (≈ 1.3 ms of a 4.7 ms single-stream step). This file makes the
 // same calls, on the same kernels, in the same order and with the same roundings, as
 // engine/models/llama.py does through KernelLayerOps and CpuKernelAttention, so its output is
-// bit-identical to theirs (tests/unit/test_decode_stack.py checks it).
+// bit-identical to theirs (tests/integration_engine/test_decode_stack.py checks it).
 #include <algorithm>
 #include <vector>
 
@@ -31,8 +31,6 @@ void gguf_parts(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
 void linear(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
   if (!w.gguf.empty())
     gguf_parts(x, w, out, rows);
-  else if (w.quantized.codes != nullptr)
-    quantized_linear(x, w.quantized, out, rows, w.out_features, w.in_features);
   else
     small_batch_linear(x, w.dense, nullptr, out, rows, w.out_features, w.in_features);
 }

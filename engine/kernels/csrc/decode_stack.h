@@ -16,11 +16,10 @@ struct GgufPart {
 };
 
 // A linear layer without bias, as the small-batch path reads it: a GGUF file's blocks as
-// stored when `gguf` has parts (one per run of one format), repacked GGUF blocks when
-// quantized.codes is set, else the row-major bf16 `dense` [out_features, in_features].
+// stored when `gguf` has parts (one per run of one format), else the row-major bf16 `dense`
+// [out_features, in_features].
 struct SmallLinear {
   std::vector<GgufPart> gguf;
-  QuantizedWeight quantized{QuantKind::kQ4_1, nullptr, nullptr, nullptr};
   const bf16* dense = nullptr;
   int64_t out_features = 0, in_features = 0;
 };

@@ -12,10 +12,10 @@
 namespace meterserve {
 namespace {
 
-constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF parts, else QuantKind
+constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF parts
 constexpr int64_t kGgufParts = -2;
 
-// (kind, tensors): (-1, [weight]) | (0, [codes, scales, mins]) Q4_1 | (1, [codes, scales]) Q8_0
+// (kind, tensors): (-1, [weight]) row-major bf16 [out_features, in_features]
 // | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 2] = (ggml type, rows) of each
 // run of one format, blocks_i its bytes as stored in the file.
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
@@ -100,7 +100,7 @@ class DecodeStack {
   }
 
  private:
-  // A linear's in_features: Q4_1 codes hold two weights a byte.
+  // A linear's in_features.
   static int64_t inputs_of(const LinearSpec& spec) {
     const auto& [kind, tensors] = spec;
     if (kind == kGgufParts) {  // row bytes are linear in K: K = row bytes * 256 / row_bytes(256)
@@ -110,7 +110,7 @@ class DecodeStack {
     }
     TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2,
                 "DecodeStack: a linear needs a 2-D weight");
-    return kind == 0 ? 2 * tensors[0].size(1) : tensors[0].size(1);
+    return tensors[0].size(1);
   }
 
   void keep(const torch::Tensor& t) { kept_.push_back(t); }
@@ -137,24 +137,16 @@ class DecodeStack {
     w.in_features = in_features;
     for (const auto& t : tensors) keep(t);
     if (kind == kGgufParts) return gguf_linear_of(tensors, w);
-    if (kind == kDense) {
-      TORCH_CHECK(tensors.size() == 1, "DecodeStack: a dense linear is one weight tensor");
-      const auto& weight = tensors[0];
-      TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == torch::kBFloat16 &&
-                      weight.dim() == 2 && weight.size(0) == out_features &&
-                      weight.size(1) == in_features,
-                  "DecodeStack: dense weight must be contiguous bfloat16 [", out_features, ", ",
-                  in_features, "]");
-      w.dense = data<bf16>(weight);
-      return w;
-    }
-    TORCH_CHECK(tensors.size() == (kind == 0 ? 3u : 2u),
-                "DecodeStack: Q4_1 is (codes, scales, mins), Q8_0 (codes, scales)");
-    TORCH_CHECK(tensors[0].size(0) == out_features, "DecodeStack: a linear has ",
-                tensors[0].size(0), " rows, expected ", out_features);
-    const c10::optional<torch::Tensor> mins =
-        kind == 0 ? c10::optional<torch::Tensor>(tensors[2]) : c10::nullopt;
-    w.quantized = quantized_weight(kind, tensors[0], tensors[1], mins, in_features);
+    TORCH_CHECK(kind == kDense, "DecodeStack: a linear's kind is -1 (dense) or -2 (GGUF parts), "
+                "got ", kind);
+    TORCH_CHECK(tensors.size() == 1, "DecodeStack: a dense linear is one weight tensor");
+    const auto& weight = tensors[0];
+    TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == torch::kBFloat16 &&
+                    weight.dim() == 2 && weight.size(0) == out_features &&
+                    weight.size(1) == in_features,
+                "DecodeStack: dense weight must be contiguous bfloat16 [", out_features, ", ",
+                in_features, "]");
+    w.dense = data<bf16>(weight);
     return w;
   }
 

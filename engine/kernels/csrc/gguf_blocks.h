@@ -247,7 +247,8 @@ inline bool supported(int kind) {
 // One row's scales and mins, all groups in order: scale[g], min[g] for g < K / kGroup.
 // 32-weight formats: the 4 bytes at each block's start (fp16 d, then m or codes) gathered 16
 // blocks at a time (measured faster than 16 scalar loads into a vector: Q4_1, 1 row, 1.3-1.5x
-// -> 1.05-1.3x the repacked quantized_linear's time).
+// -> 1.05-1.3x the time of a kernel over the same weights repacked into separate codes and
+// fp32 scales).
 template <class F>
 void read_params(const uint8_t* row, int64_t K, float* scale, float* min) {
   const int64_t blocks = K / F::kWeights;

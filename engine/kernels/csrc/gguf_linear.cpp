@@ -96,8 +96,7 @@ using Accumulators = __m512[M][kChains<M>];
 
 // out[m] = the sum over the row's sub-blocks of what add(b, c, acc) adds to the row-m
 // accumulators acc[m][c] (c: the sub-block's chain). The accumulators are local here and
-// handed to add by argument: captured by a lambda, GCC 12 kept them on the stack (see
-// quantized_linear.cpp).
+// handed to add by argument: captured by a lambda, GCC 12 kept them on the stack.
 template <int M, typename Add>
 void sum_sub_blocks(int64_t subs, Add&& add, float* out) {
   constexpr int kC = kChains<M>;

@@ -36,22 +36,6 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
 void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups,
                         int64_t num_groups, bf16* out, int64_t N, int64_t K);
 
-enum class QuantKind : int { kQ4_1 = 0, kQ8_0 = 1 };
-
-// A [N, K] weight in 32-weight blocks along K: codes [N, K / 32, 16] (Q4_1: nibbles, ggml
-// order) or [N, K / 32, 32] (Q8_0: int8); scales and mins fp32 [N, K / 32] (mins: Q4_1 only).
-struct QuantizedWeight {
-  QuantKind kind;
-  const uint8_t* codes;
-  const float* scales;
-  const float* mins;
-};
-
-// out[m, n] = x[m, :] . dequantize(weight)[n, :], m < M <= 8, K % 32 == 0: the product of
-// small_batch_linear over 4- or 8-bit weights.
-void quantized_linear(const bf16* x, const QuantizedWeight& weight, bf16* out, int64_t M,
-                      int64_t N, int64_t K);
-
 // An int8 [N, K] weight (N % 32 == 0, K % 64 == 0) quantized per output channel, in the one
 // layout both int8 paths read: packed[n / 16][k / 64][(k % 64) / 4][n % 16][k % 4] =
 // weight[n][k] (AMX-INT8 B tiles, vpdpbusd operands); scales fp32 [N] (weight = packed *
