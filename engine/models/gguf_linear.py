@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.gguf_tensors import GGUFBlocks
+from engine.models import packed_linear
 
 
 class GGUFLinear(nn.Module):
@@ -84,7 +85,13 @@ class GGUFLinear(nn.Module):
             return F.linear(flat, part)
         if self.kernels is None:
             return F.linear(flat, part.dequantize().to(flat.dtype))
-        return self.kernels.gguf_linear(flat.contiguous(), part.blocks, part.kind, part.rows)
+        # Single calls take the small-batch kernel up to packed_linear.SMALL_BATCH_ROWS rows,
+        # as bf16 layers do: a 5-8-token prompt then rounds as it does batched with others
+        # (the decode stack alone runs 5-8 decode rows on it).
+        small = packed_linear.SMALL_BATCH_ROWS
+        return self.kernels.gguf_linear(
+            flat.contiguous(), part.blocks, part.kind, part.rows, small_rows=small
+        )
 
 
 class GGUFEmbedding(nn.Module):

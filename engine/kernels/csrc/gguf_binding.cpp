@@ -1,6 +1,8 @@
 // gguf_linear: checks, then the path for the number of rows (gguf_linear.h).
 #include "gguf_binding.h"
 
+#include <algorithm>
+
 #include "binding_checks.h"
 #include "gguf_linear.h"
 
@@ -10,10 +12,11 @@ namespace {
 // x [M, K] @ w.T (+ bias) with w the ggml blocks of type `kind`, out_features rows of
 // row_bytes(kind, K) bytes (any contiguous uint8 tensor of that many bytes: [N, row_bytes] or
 // the file's flat bytes). use_amx=False takes the AVX512-BF16 path above 8 rows even where
-// AMX is available (so both are testable on one machine).
+// AMX is available (so both are testable on one machine). Up to small_rows rows (at most 8)
+// take the small-batch kernel, more the panels.
 torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
                              int64_t out_features, const c10::optional<torch::Tensor>& bias,
-                             bool use_amx) {
+                             bool use_amx, int64_t small_rows) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 &&
                   x.is_contiguous(),
               "gguf_linear: x must be contiguous bfloat16 [M >= 1, K]");
@@ -34,7 +37,7 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
   }
   const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K};
   auto out = torch::empty({M, N}, x.options());
-  if (M <= kSmallBatchRows) {
+  if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {
     gguf_small_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
   } else if (use_amx && amx_available()) {
     // x padded to whole 32-row blocks, in amx_pack_weight's tile layout (the B operand).
@@ -61,6 +64,7 @@ void bind_gguf(pybind11::module_& m) {
         "bf16-rounded above)",
         py::arg("x"), py::arg("blocks"), py::arg("kind"), py::arg("out_features"),
         py::arg("bias") = py::none(), py::arg("use_amx") = true,
+        py::arg("small_rows") = kSmallBatchRows,
         py::call_guard<py::gil_scoped_release>());
 }
 
