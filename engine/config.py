@@ -32,6 +32,10 @@ class EngineConfig:
     # every batch size (kernels.gguf_linear); False dequantizes them once at load into packed
     # bf16 layers (one bf16 copy, the block bytes dropped).
     gguf_matvec: bool = True
+    # With gguf_matvec: "bf16" also keeps each GGUF linear dequantized to bf16 for passes of
+    # more than 4 rows (batched decode, prefill), where the block panels are several times
+    # slower; "blocks" serves every pass from the blocks, one copy of the weights.
+    gguf_large_batch: Literal["bf16", "blocks"] = "bf16"
     # "int8": every bf16 linear but the LM head is quantized at load to int8 per output channel
     # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:
     # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.

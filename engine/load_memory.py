@@ -87,13 +87,13 @@ def _storage_of(tensor: torch.Tensor) -> tuple[int, int]:
         return id(tensor), tensor.numel() * tensor.element_size()
 
 
-def measure(model: str, dtype: str) -> dict[str, object]:
+def measure(model: str, dtype: str, gguf_large_batch: str = "bf16") -> dict[str, object]:
     from engine.config import EngineConfig
     from engine.kernels import load_cpu_kernels
     from engine.loader import load_checkpoint
     from engine.model_runner import ModelRunner
 
-    config = EngineConfig(model=model, dtype=dtype)
+    config = EngineConfig(model=model, dtype=dtype, gguf_large_batch=gguf_large_batch)
     if config.cpu_kernels:
         load_cpu_kernels()
     _import_loading_code(model)
@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.load_memory", description=__doc__)
     parser.add_argument("--model", default="default")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "auto"])
+    parser.add_argument("--gguf-large-batch", default="bf16", choices=["bf16", "blocks"])
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.model, args.dtype)))
+    print(json.dumps(measure(args.model, args.dtype, args.gguf_large_batch)))
     return 0
 
 

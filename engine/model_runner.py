@@ -93,8 +93,8 @@ def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
     """(small-batch, large-batch) bytes of a module's own weights, not its children's."""
     if isinstance(module, PackedLinear | Int8Linear):
         return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
-    if isinstance(module, GGUFLinear):  # the stored blocks, at every batch size
-        return module.bytes_read(), module.bytes_read()
+    if isinstance(module, GGUFLinear):  # the stored blocks (large batches: its bf16 copy, if any)
+        return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
     own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
     return own, own
 
@@ -133,7 +133,9 @@ class ModelRunner:
         self.num_params = _count_params(self.model)
         # A GGUF model's linear layers that read the file's blocks with the native kernels.
         gguf_kernels = self.kernels if config.gguf_matvec else None
-        self.num_gguf_matvec_layers = prepare_gguf_modules(self.model, gguf_kernels, self.dtype)
+        self.num_gguf_matvec_layers = prepare_gguf_modules(
+            self.model, gguf_kernels, self.dtype, config.gguf_large_batch == "bf16"
+        )
         if int8:
             del self.model.on_linear_loaded
             self.num_int8_layers += quantize_linears(

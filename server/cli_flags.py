@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(--no-gguf-matvec: dequantize them to bf16 once at load)",
     )
     p.add_argument(
+        "--gguf-large-batch",
+        choices=["bf16", "blocks"],
+        default="bf16",
+        help="GGUF models, passes of more than 4 rows: bf16 keeps a bf16 copy of the weights "
+        "for them (faster); blocks reads the file's blocks (one copy in memory)",
+    )
+    p.add_argument(
         "--quantization",
         choices=["none", "int8"],
         default="none",

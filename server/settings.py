@@ -41,6 +41,7 @@ _ENGINE_FIELDS = (
     "attention_backend",
     "cpu_kernels",
     "gguf_matvec",
+    "gguf_large_batch",
     "quantization",
     "num_threads",
     "debug_fault_token_id",

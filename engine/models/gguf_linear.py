@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from engine.gguf_tensors import GGUFBlocks
 from engine.models import packed_linear
+from engine.models.packed_linear import PackedLinear
 
 
 class GGUFLinear(nn.Module):
@@ -42,11 +43,19 @@ class GGUFLinear(nn.Module):
         self.bias = bias
         self.dtype = dtype
         self.kernels = None  # set by use_kernels(); None: dequantize per call
+        # With EngineConfig.gguf_large_batch "bf16": the weight dequantized to bf16 once, in the
+        # large-batch layout of a bf16 layer, for passes of more than SMALL_BATCH_ROWS rows
+        # (measured: the block panels are several times slower than those tiles at 64 rows).
+        self.large: PackedLinear | None = None
 
-    def use_kernels(self, kernels) -> None:
-        """Read the blocks with kernels.gguf_linear from now on; float parts in the dtype."""
+    def use_kernels(self, kernels, large_batch_bf16: bool = False) -> None:
+        """Read the blocks with kernels.gguf_linear from now on; float parts in the dtype.
+        large_batch_bf16: also keep a bf16 copy for large batches (see self.large)."""
         self.kernels = kernels
         self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
+        if large_batch_bf16:
+            self.large = PackedLinear(self.to_linear(), kernels)
+            self.large.weight = None  # its row-major copy: small batches read the blocks
 
     def to_linear(self) -> nn.Linear:
         """An nn.Linear holding this weight dequantized into the dtype (one part's float32
@@ -67,13 +76,20 @@ class GGUFLinear(nn.Module):
     def num_params(self) -> int:
         return self.out_features * self.in_features
 
-    def bytes_read(self) -> int:
-        """Weight (and bias) bytes one forward streams, at any number of rows."""
+    def bytes_read(self, num_rows: int = 1) -> int:
+        """Weight (and bias) bytes one forward over num_rows rows streams."""
+        if self._large_path(num_rows):
+            return self.large.bytes_read(num_rows)
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         return sum(_part_bytes(p) for p in self.parts) + bias
 
+    def _large_path(self, num_rows: int) -> bool:
+        return self.large is not None and num_rows > packed_linear.SMALL_BATCH_ROWS
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
+        if self._large_path(flat.shape[0]):
+            return self.large(x)
         outs = [self._part(flat, p) for p in self.parts]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if self.bias is not None:
@@ -112,10 +128,11 @@ class GGUFEmbedding(nn.Module):
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 
 
-def prepare_gguf_modules(model: nn.Module, kernels, dtype) -> int:
+def prepare_gguf_modules(model: nn.Module, kernels, dtype, large_batch_bf16: bool = False) -> int:
     """Pick every GGUFLinear's path (module docstring): kernels.gguf_linear in bfloat16 when
-    `kernels` has it, else an nn.Linear of the dequantized weight, swapped in one layer at a
-    time. Returns how many layers read their blocks."""
+    `kernels` has it (with a bf16 copy for large batches when large_batch_bf16), else an
+    nn.Linear of the dequantized weight, swapped in one layer at a time. Returns how many
+    layers read their blocks."""
     native = dtype == torch.bfloat16 and kernels is not None and hasattr(kernels, "gguf_linear")
     parents = [m for m in model.modules() if any(isinstance(c, GGUFLinear) for c in m.children())]
     count = 0
@@ -124,7 +141,7 @@ def prepare_gguf_modules(model: nn.Module, kernels, dtype) -> int:
             if not isinstance(child, GGUFLinear):
                 continue
             if native:
-                child.use_kernels(kernels)
+                child.use_kernels(kernels, large_batch_bf16)
                 count += 1
             else:
                 setattr(parent, name, child.to_linear())

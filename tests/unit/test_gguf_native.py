@@ -91,7 +91,8 @@ def test_bf16_logprobs_as_close_to_the_oracle_as_hf_bf16(gguf_files, arch: str) 
 def test_weight_bytes_are_the_stored_blocks(gguf_files, kernels) -> None:
     path, _ = gguf_files["qwen2"]
     checkpoint = load_checkpoint(str(path))
-    runner = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16"), checkpoint, 64)
+    config = EngineConfig(model=str(path), dtype="bfloat16", gguf_large_batch="blocks")
+    runner = ModelRunner(config, checkpoint, 64)
     linears = [m for m in runner.model.modules() if isinstance(m, GGUFLinear)]
     assert all(m.kernels is kernels for m in linears)
     body = sum(m.bytes_read() for m in linears if m is not runner.model.lm_head)
@@ -101,12 +102,17 @@ def test_weight_bytes_are_the_stored_blocks(gguf_files, kernels) -> None:
     assert bytes_read.head_small == runner.model.lm_head.bytes_read()
     # Qwen2: a Q6_K head of 512 rows x 256 (210 bytes per 256 weights).
     assert runner.model.lm_head.bytes_read() == 512 * 210
+    # With a bf16 copy for large batches, those read it: 2 bytes a weight.
+    copied = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16"), checkpoint, 64)
+    assert copied.model.lm_head.bytes_read(64) == 512 * 256 * 2
+    assert copied.model.lm_head.bytes_read(1) == 512 * 210
 
 
 def test_loading_the_embedded_model_keeps_one_copy(kernels) -> None:
     """python -m engine.load_memory in a fresh process (its high-water mark is the process')."""
     result = subprocess.run(
-        [sys.executable, "-m", "engine.load_memory", "--model", "default", "--dtype", "bfloat16"],
+        [sys.executable, "-m", "engine.load_memory", "--model", "default", "--dtype", "bfloat16"]
+        + ["--gguf-large-batch", "blocks"],
         cwd=ROOT,
         capture_output=True,
         text=True,
