@@ -471,7 +471,7 @@ def test_only_the_metrics_key_scrapes_the_tenant_series(stack):
 
 
 def test_a_single_streams_decode_passes_count_no_more_bytes_than_they_read(stack, loaded):
-    """MBU is physically possible: per decode pass, bytes <= the weights the pass reads
+    """The meter reads no more than the kernels: per decode pass, bytes <= the weights the pass reads
     (the small-batch path: the GGUF blocks) + its KV read and write + one embedding row."""
     _, before = _scrape(stack)
     body = {"model": MODEL, "prompt": "Count slowly:", "max_tokens": 48, "ignore_eos": True,
@@ -499,9 +499,9 @@ def test_a_single_streams_decode_passes_count_no_more_bytes_than_they_read(stack
     context = usage["prompt_tokens"] + usage["completion_tokens"]
     bound = weights + (context + 1) * kv_per_token + 576 * 2
     assert 0 < per_pass <= bound, (per_pass, weights, bound)
-    bandwidth = _total(after, "meterserve_peak_memory_bandwidth_bytes_per_second")
-    busy = delta("meterserve_busy_seconds_total", phase="decode")
-    assert delta("meterserve_memory_bytes_total", phase="decode") / busy < bandwidth  # MBU < 1
+    # MBU itself is not asserted below 1: the 96 MB model fits in the last-level cache, so a
+    # pass can read faster than the measured DRAM peak (docs/metrics.md says so).
+    assert _total(after, "meterserve_peak_memory_bandwidth_bytes_per_second") > 0
 
 
 def test_promtool_check_metrics_on_the_live_endpoint(loaded, promtool):
