@@ -20,11 +20,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
-import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -32,7 +30,14 @@ import torch
 
 from engine.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
 from engine.gguf_tensors import FLOAT_DTYPES, GGUFBlocks, block_kinds, kind_name, row_bytes
-from engine.loader import LoadedCheckpoint, ModelLoadError, cache_root, check_supported
+from engine.loader import (
+    LoadedCheckpoint,
+    ModelLoadError,
+    check_supported,
+    gguf_cache_dir,
+    one_line,
+    publish_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +227,7 @@ def _config_and_tokenizer(path: Path, header: GGUFHeader) -> tuple[object, objec
     try:
         return AutoConfig.from_pretrained(meta), AutoTokenizer.from_pretrained(meta)
     except Exception as exc:
-        raise ModelLoadError(f"cannot read GGUF metadata cache {meta}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot read GGUF metadata cache {meta}: {one_line(exc)}") from exc
 
 
 def metadata_dir(path: Path, header: GGUFHeader | None = None) -> Path:
@@ -234,10 +239,7 @@ def metadata_dir(path: Path, header: GGUFHeader | None = None) -> Path:
 
 
 def metadata_cache_dir(path: Path) -> Path:
-    stat = path.stat()
-    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / f"{path.stem}-{digest}.meta"
+    return gguf_cache_dir(path, ".meta")
 
 
 def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
@@ -248,7 +250,7 @@ def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:
-        raise ModelLoadError(f"cannot read GGUF metadata of {path}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot read GGUF metadata of {path}: {one_line(exc)}") from exc
     # transformers maps no key to head_dim, so a config class's default would stand (Qwen3's
     # 128) where the file says otherwise; llama.cpp writes it as attention.key_length.
     head_dim = header.arch_value("attention.key_length")
@@ -258,12 +260,4 @@ def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if meta.exists():  # another process wrote it meanwhile; keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, meta)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    publish_dir(tmp, meta)

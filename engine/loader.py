@@ -130,7 +130,7 @@ def hf_checkpoint_dir(model: str) -> Path:
     conversion (converted now if missing). Baselines load the same weights from here."""
     path = resolve_model_path(model)
     if _is_gguf(path):
-        hf_dir = _gguf_cache_dir(path)
+        hf_dir = gguf_cache_dir(path)
         if not (hf_dir / "model.safetensors").is_file():
             _convert_gguf(path, hf_dir)
         return hf_dir
@@ -156,7 +156,7 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as exc:
-        raise ModelLoadError(f"cannot read config of {path}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot read config of {path}: {one_line(exc)}") from exc
     check_supported(config)
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -164,11 +164,11 @@ def _load_hf_dir(path: Path, name: str, source: str) -> LoadedCheckpoint:
     try:
         weights = CheckpointWeights(files)
     except Exception as exc:
-        raise ModelLoadError(f"cannot read weights in {path}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot read weights in {path}: {one_line(exc)}") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load tokenizer of {path}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot load tokenizer of {path}: {one_line(exc)}") from exc
     return LoadedCheckpoint(
         config,
         tokenizer,
@@ -189,7 +189,7 @@ def _load_generation_config(path: Path) -> object | None:
     try:
         return GenerationConfig.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - optional file; the model still loads
-        log.warning("ignoring generation_config.json of %s: %s", path, _one_line(exc))
+        log.warning("ignoring generation_config.json of %s: %s", path, one_line(exc))
         return None
 
 
@@ -223,11 +223,22 @@ def check_supported(config: object) -> None:
         )
 
 
-def _gguf_cache_dir(path: Path) -> Path:
+def gguf_cache_dir(path: Path, suffix: str = "") -> Path:
+    """A cache directory for what is derived from the GGUF file `path`, keyed by its path,
+    size and mtime (the float conversion; with suffix ".meta", its metadata)."""
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / f"{path.stem}-{digest}"
+    return cache_root() / f"{path.stem}-{digest}{suffix}"
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Move a fully written `tmp` to `target`, unless another process published it meanwhile
+    (then theirs is kept and `tmp` removed)."""
+    if target.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
 
 
 def cache_root() -> Path:
@@ -254,7 +265,7 @@ def _convert_gguf(path: Path, hf_dir: Path) -> None:
     except ModelLoadError:
         raise
     except Exception as exc:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(exc)}") from exc
     tmp = hf_dir.with_name(hf_dir.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in parsed["tensors"].items()}
@@ -262,12 +273,10 @@ def _convert_gguf(path: Path, hf_dir: Path) -> None:
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "meterserve_source.json").write_text(json.dumps({"gguf": str(path)}))
-    if hf_dir.exists():  # another process converted it meanwhile; keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, hf_dir)
+    publish_dir(tmp, hf_dir)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's first line, for a one-line ModelLoadError."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
