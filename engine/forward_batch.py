@@ -22,7 +22,8 @@ class BatchLists:
     positions: list[int]
     slot_mapping: list[int]
     spans: list[ChunkSpan]
-    sample_rows: list[int]  # batch row of the last token of each sampling chunk
+    # Batch rows sampled: each sampling chunk's last known token, then its drafts' rows.
+    sample_rows: list[int]
     num_decodes: int  # leading chunks that are single-token decodes
 
 
@@ -44,9 +45,17 @@ def build_lists(chunks: list[ScheduledChunk], block_size: int) -> BatchLists:
         lists.input_ids.extend(chunk.token_ids)
         lists.positions.extend(positions)
         lists.slot_mapping.extend(slot_of(chunk.block_table, p, block_size) for p in positions)
-        lists.spans.append(ChunkSpan(query_start, n, chunk.start_position, chunk.block_table))
-        if chunk.samples:
-            lists.sample_rows.append(query_start + n - 1)
+        if chunk.draft_token_ids and chunk.is_decode:
+            # A decode with drafts is n one-token decodes of the same request: row j attends up
+            # to its own position, whose K/V the step writes before any row attends.
+            lists.spans.extend(
+                ChunkSpan(query_start + j, 1, p, chunk.block_table) for j, p in enumerate(positions)
+            )
+        else:
+            lists.spans.append(ChunkSpan(query_start, n, chunk.start_position, chunk.block_table))
+        if chunk.samples:  # rows [end - 1 - drafts, end): the last known token, the drafts
+            end = query_start + n
+            lists.sample_rows.extend(range(end - chunk.num_sample_rows, end))
     lists.num_decodes = _count_leading_decodes(lists.spans)
     return lists
 

@@ -18,6 +18,7 @@ import torch
 from engine.attention import make_backend
 from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
+from engine.draft_verification import sample_row_chunks, verify
 from engine.forward_batch import build_lists, to_tensors
 from engine.kernels import load_cpu_kernels
 from engine.loader import LoadedCheckpoint, ModelLoadError
@@ -229,14 +230,21 @@ class ModelRunner:
         if not sampling_chunks:
             return result
         logits = self.model.compute_logits(hidden[batch.sample_rows])
-        bitmask = self.structured.bitmask(sampling_chunks)  # None: no constrained row
-        token_ids, logprobs = self.sampler.sample(logits, sampling_chunks, bitmask)
-        for chunk, token_id, token_logprobs in zip(
-            sampling_chunks, token_ids, logprobs, strict=True
+        row_chunks = sample_row_chunks(sampling_chunks)  # a chunk with drafts: a row each
+        bitmask = self.structured.bitmask(row_chunks)  # None: no constrained row
+        token_ids, logprobs = self.sampler.sample(logits, row_chunks, bitmask)
+        for chunk, verdict in zip(
+            sampling_chunks, verify(sampling_chunks, token_ids, logprobs), strict=True
         ):
-            result.sampled_token_ids[chunk.request_id] = token_id
-            if token_logprobs is not None:
-                result.logprobs[chunk.request_id] = token_logprobs
+            result.sampled_token_ids[chunk.request_id] = verdict.token_id
+            if verdict.logprobs is not None:
+                result.logprobs[chunk.request_id] = verdict.logprobs
+            if chunk.draft_token_ids:
+                result.accepted_draft_token_ids[chunk.request_id] = verdict.accepted
+                if chunk.sampling_params.logprobs is not None:
+                    result.accepted_logprobs[chunk.request_id] = [
+                        entry for entry in verdict.accepted_logprobs if entry is not None
+                    ]
         return result
 
     def _prompt_logprobs(

@@ -57,3 +57,7 @@ class StepStats:
     decode_seconds: float
     num_forward_passes: int  # 1, or more when a fault forced per-request re-execution
     num_window_freed_blocks: int = 0  # block references a sliding window freed this step
+    # Speculative decoding: draft tokens verified, decodes that carried drafts, drafts kept.
+    num_draft_tokens: int = 0
+    num_drafting_requests: int = 0
+    num_accepted_draft_tokens: int = 0

@@ -161,16 +161,45 @@ class StructuredOutputs:
 
     def bitmask(self, chunks: list[ScheduledChunk]) -> torch.Tensor | None:
         """[len(chunks), bitmask_width] int32, bit v of row i set when chunks[i] may sample
-        token v (all bits set for unconstrained rows); None when no chunk is constrained."""
+        token v (all bits set for unconstrained rows); None when no chunk is constrained.
+
+        A request verifying drafts has one row per draft position (engine/draft_verification:
+        consecutive rows, each with the drafts before it appended to its outputs). Its matcher
+        catches up on the first row's outputs only, then accepts each draft to mask the next
+        row and rolls them all back: a draft is not an output until the scheduler appends it.
+        Past a draft the grammar refuses, rows keep every bit: the refused draft cannot be
+        sampled at its row, so verification stops there and the later rows are never used."""
         rows = [i for i, c in enumerate(chunks) if c.sampling_params.structured_output]
         if not rows:
             return None
         bitmask = torch.full((len(chunks), self.bitmask_width), -1, dtype=torch.int32)
-        for row in rows:
-            state = self._caught_up(chunks[row])
-            if not state.broken:
-                state.matcher.fill_next_token_bitmask(bitmask, row)
+        first = 0
+        while first < len(rows):
+            last = first  # rows[first..last]: one request's consecutive rows
+            while last + 1 < len(rows) and _same_request(chunks, rows[last], rows[last + 1]):
+                last += 1
+            self._fill_rows(bitmask, chunks, rows[first : last + 1])
+            first = last + 1
         return bitmask
+
+    def _fill_rows(self, bitmask: torch.Tensor, chunks: list[ScheduledChunk], rows: list[int]):
+        state = self._caught_up(chunks[rows[0]])
+        if state.broken:
+            return
+        outputs = len(chunks[rows[0]].output_token_ids)
+        drafted = 0  # drafts the matcher accepted for masking, rolled back below
+        for row in rows:
+            if state.matcher.is_terminated():  # a drafted stop token ended the grammar
+                break
+            state.matcher.fill_next_token_bitmask(bitmask, row)
+            if row == rows[-1]:
+                break
+            draft = chunks[row + 1].output_token_ids[outputs + drafted]
+            if not state.matcher.accept_token(draft):
+                break
+            drafted += 1
+        if drafted:
+            state.matcher.rollback(drafted)
 
     def _caught_up(self, chunk: ScheduledChunk) -> _RequestMatcher:
         """The chunk's matcher, after accepting the output tokens it has not seen yet."""
@@ -264,3 +293,8 @@ class StructuredOutputs:
                     info, max_threads=1, cache_limit_bytes=XGRAMMAR_CACHE_LIMIT_BYTES
                 )
             return self._compiler
+
+
+def _same_request(chunks: list[ScheduledChunk], row: int, next_row: int) -> bool:
+    """Rows `row` and `next_row` are consecutive draft positions of one request."""
+    return next_row == row + 1 and chunks[next_row].request_id == chunks[row].request_id

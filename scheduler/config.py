@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from scheduler.speculative_config import SpeculativeConfig
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -18,6 +20,8 @@ class SchedulerConfig:
     # Most prompt tokens one request computes in a step (vLLM's name); 0 = the whole budget.
     # Below the budget, a long prompt leaves room in every step for other requests' admission.
     long_prefill_token_threshold: int = 0
+    # Draft tokens for decodes, verified in the same pass (None: one token per pass).
+    speculative: SpeculativeConfig | None = None
 
     @property
     def max_chunk_tokens(self) -> int:

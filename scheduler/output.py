@@ -12,9 +12,13 @@ from scheduler.sampling_params import SamplingParams
 class ScheduledChunk:
     """One request's share of a step: compute `token_ids` at positions start_position.. .
 
-    token_ids == request.token_ids[start_position : start_position + len(token_ids)].
+    token_ids == request.token_ids[start_position : start_position + n] + draft_token_ids,
+    n = len(token_ids) - len(draft_token_ids).
     `samples` is True when the chunk reaches the end of the request's known tokens, so the
     runner must sample one next token for it (a mid-prompt prefill chunk samples nothing).
+    A decode with drafts (speculative decoding, SchedulerConfig.speculative) samples at its
+    last known token and at each draft: the runner returns the drafts the model agrees with,
+    in order, and the token it sampled after them (RunnerOutput).
     prompt_token_ids / output_token_ids are read-only views for penalties and min_tokens.
 
     Prompt logprobs (SamplingParams.prompt_logprobs): for each position p in
@@ -39,6 +43,16 @@ class ScheduledChunk:
     eos_token_ids: frozenset[int] = frozenset()
     prompt_logprobs_start: int = 0
     prompt_logprobs_end: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft_token_ids)
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Rows sampled for this chunk: its last known token's and one per draft."""
+        return 1 + len(self.draft_token_ids) if self.samples else 0
 
     @property
     def num_prompt_logprob_rows(self) -> int:
@@ -56,8 +70,12 @@ class ScheduledChunk:
 
     @property
     def is_decode(self) -> bool:
-        """A single new token past the prompt. Recompute after preemption counts as prefill."""
-        return len(self.token_ids) == 1 and self.start_position >= self.num_prompt_tokens
+        """A single new token past the prompt (and its drafts, if any). Recompute after
+        preemption counts as prefill."""
+        return (
+            len(self.token_ids) == 1 + len(self.draft_token_ids)
+            and self.start_position >= self.num_prompt_tokens
+        )
 
 
 @dataclass(slots=True)
@@ -90,7 +108,16 @@ class SchedulerOutput:
 
     @property
     def num_decode_tokens(self) -> int:
+        """Decoding requests (each computes one known token, plus its drafts if any)."""
         return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(c.num_draft_tokens for c in self.chunks)
+
+    @property
+    def num_drafting_requests(self) -> int:
+        return sum(1 for c in self.chunks if c.draft_token_ids)
 
     @property
     def is_empty(self) -> bool:
@@ -116,11 +143,21 @@ class TokenLogprobs:
 class RunnerOutput:
     """What the model runner returns: one sampled token per chunk with samples=True, and for
     a chunk with prompt-logprob rows the logprobs of prompt tokens prompt_logprobs_start + 1
-    .. prompt_logprobs_end, in order."""
+    .. prompt_logprobs_end, in order.
+
+    A chunk with drafts also gets accepted_draft_token_ids: the leading drafts the verification
+    kept (possibly none), which come before its sampled token; logprobs requested are then
+    accepted_logprobs (one per accepted draft) followed by logprobs (the sampled token's)."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    accepted_draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    accepted_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+    @property
+    def num_accepted_draft_tokens(self) -> int:
+        return sum(len(ids) for ids in self.accepted_draft_token_ids.values())
 
 
 @dataclass(frozen=True, slots=True)

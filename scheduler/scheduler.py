@@ -39,6 +39,14 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
    kvcache.window.max_live_blocks(W, chunk, block_size) blocks however long it runs, and
    rule 8 compares that, not its length, with the pool. Preemption still frees everything
    and recomputes from position 0.
+10. Speculation (SchedulerConfig.speculative): a decode also carries up to
+   num_speculative_tokens draft tokens (scheduler/ngram_proposer.py), clipped to the budget
+   left after one token for each decode behind it, to max_tokens and the context, and dropped
+   when their KV blocks are not free (drafts never preempt anyone). A request with a
+   structured output drafts too: the runner masks each draft's row after the drafts before it
+   (engine/structured_output.py), so a draft its grammar refuses is never accepted.
+   Drafts the model agrees with become tokens and computed positions in update(); the KV of
+   rejected ones lies past num_computed_tokens and is overwritten by the next step.
 
 Call update(output, runner_output) after every schedule(), even an empty one: requests failed
 inside schedule() deliver their final event through it.
@@ -54,6 +62,7 @@ from collections.abc import Callable
 from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
 from kvcache.window import num_live_blocks
 from scheduler.config import SchedulerConfig
+from scheduler.ngram_proposer import propose_ngram_drafts
 from scheduler.output import (
     ChunkProgress,
     RunnerOutput,
@@ -173,7 +182,7 @@ class Scheduler:
         if chunks:
             self._num_steps += 1
         output = SchedulerOutput(
-            chunks=[c for c in chunks if c.is_decode] + [c for c in chunks if not c.is_decode],
+            chunks=sorted(chunks, key=_chunk_order),
             preempted_request_ids=preempted,
             finished_request_ids=self._finished_ids,
             num_waiting=len(self._waiting),
@@ -204,12 +213,38 @@ class Scheduler:
                     i += 1
                     continue
             total = request.num_computed_tokens + num_new
-            if not self._allocate_or_preempt(request, total, preempted):
+            drafts = self._drafts(request, num_new, budget - 1 - decodes_behind[i])
+            if not drafts and not self._allocate_or_preempt(request, total, preempted):
                 break  # the request itself left the running list; it was the tail
-            chunks.append(self._chunk(request, num_new))
-            budget -= num_new
+            chunks.append(self._chunk(request, num_new, drafts))
+            budget -= num_new + len(drafts)
             i += 1
         return budget
+
+    def _drafts(self, request: Request, num_new: int, room: int) -> list[int]:
+        """Rule 10: a decode's draft tokens, their KV slots allocated; [] for none."""
+        spec = self.config.speculative
+        params = request.sampling_params
+        if spec is None or num_new != 1:
+            return []
+        limit = min(
+            spec.num_speculative_tokens,
+            room,
+            params.max_tokens - request.num_output_tokens - 1,  # the sampled token comes last
+            self.config.max_model_len - request.num_tokens,  # the last draft's position fits
+        )
+        if limit < 1:
+            return []
+        drafts = propose_ngram_drafts(
+            request.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, limit
+        )
+        start = request.num_computed_tokens
+        total = start + num_new + len(drafts)
+        if drafts and not self.kv_cache.allocate_slots(
+            request.request_id, total, num_computed_tokens=start
+        ):
+            return []
+        return drafts
 
     def _decodes_behind(self) -> list[int]:
         """decodes_behind[i]: running requests after position i with one token to compute.
@@ -297,13 +332,15 @@ class Scheduler:
         else:
             self._running.append(request)
 
-    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+    def _chunk(
+        self, request: Request, num_new: int, drafts: list[int] | None = None
+    ) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_new
         prompt_logprob_positions = self._prompt_logprob_positions(request, start, end)
         return ScheduledChunk(
             request_id=request.request_id,
-            token_ids=request.token_ids[start:end],
+            token_ids=request.token_ids[start:end] + (drafts or []),
             start_position=start,
             block_table=self.kv_cache.block_table(request.request_id),
             samples=end == request.num_tokens,
@@ -314,6 +351,7 @@ class Scheduler:
             eos_token_ids=request.eos_token_ids,
             prompt_logprobs_start=prompt_logprob_positions.start,
             prompt_logprobs_end=prompt_logprob_positions.stop,
+            draft_token_ids=drafts or [],
         )
 
     def _prompt_logprob_positions(self, request: Request, start: int, end: int) -> range:
@@ -371,7 +409,7 @@ class Scheduler:
                 or request.num_computed_tokens != chunk.start_position
             ):
                 continue  # aborted (maybe re-added under the same id) since schedule()
-            request.num_computed_tokens += len(chunk.token_ids)
+            request.num_computed_tokens += len(chunk.token_ids) - chunk.num_draft_tokens
             self.kv_cache.cache_full_blocks(
                 request.request_id,
                 request.token_ids,
@@ -381,7 +419,7 @@ class Scheduler:
             progress = chunk.sampling_params.report_progress and output.step_index is not None
             prompt_logprobs = self._take_prompt_logprobs(chunk, runner_output)
             if chunk.samples:
-                event = self._append_token(request, runner_output, now)
+                event = self._append_tokens(request, runner_output, now)
                 num_finished += request.is_finished
             elif progress or prompt_logprobs:
                 event = self._event(request, None, None)  # a prefill chunk: no token
@@ -405,27 +443,38 @@ class Scheduler:
         self._prompt_logprobs_reported[chunk.request_id] = chunk.prompt_logprobs_end
         return runner_output.prompt_logprobs.get(chunk.request_id, [])
 
-    def _append_token(
+    def _append_tokens(
         self, request: Request, runner_output: RunnerOutput, now: float
     ) -> TokenEvent:
-        token_id = runner_output.sampled_token_ids.get(request.request_id)
+        """Append the accepted drafts (rule 10; their KV is computed) and the sampled token,
+        checking the stop conditions after each; tokens after a stop are dropped."""
+        request_id = request.request_id
+        token_id = runner_output.sampled_token_ids.get(request_id)
         if token_id is None:
             self._finish(request, RequestStatus.FINISHED_ERROR, "model runner sampled no token")
             return self._event(request, None, None)
-        request.token_ids.append(token_id)
+        accepted = runner_output.accepted_draft_token_ids.get(request_id, [])
+        logprobs = runner_output.accepted_logprobs.get(request_id, [])
+        last = runner_output.logprobs.get(request_id)
+        logprobs = logprobs + [last] if last is not None else logprobs
+        appended: list[int] = []
+        for token in [*accepted, token_id]:
+            request.token_ids.append(token)
+            appended.append(token)
+            status = check_stop(request, token, self.config.max_model_len)
+            if status is not None:
+                self._finish(request, status, None)
+                break
+        if not request.is_finished:
+            request.num_computed_tokens += len(accepted)
         times = request.times
         previous = times.last_token
         if times.first_token is None:
             times.first_token = now
         times.last_token = now
-        status = check_stop(request, token_id, self.config.max_model_len)
-        if status is not None:
-            self._finish(request, status, None)
-        event = self._event(request, token_id, now)
+        event = self._event(request, appended, now)
         event.previous_token_at = previous
-        logprobs = runner_output.logprobs.get(request.request_id)
-        if logprobs is not None:
-            event.logprobs.append(logprobs)
+        event.logprobs.extend(logprobs[: len(appended)])
         return event
 
     def _progress(
@@ -456,11 +505,13 @@ class Scheduler:
         del self._requests[request.request_id]
         self._finished_ids.append(request.request_id)
 
-    def _event(self, request: Request, token_id: int | None, now: float | None) -> TokenEvent:
+    def _event(
+        self, request: Request, token_ids: list[int] | None, now: float | None
+    ) -> TokenEvent:
         finished = request.is_finished
         return TokenEvent(
             request_id=request.request_id,
-            new_token_ids=[] if token_id is None else [token_id],
+            new_token_ids=token_ids or [],
             finish_reason=request.finish_reason,
             error=request.error,
             num_prompt_tokens=request.num_prompt_tokens,
@@ -471,6 +522,14 @@ class Scheduler:
             times=request.times if finished else None,
             cost=request.cost if finished else None,
         )
+
+
+def _chunk_order(chunk: ScheduledChunk) -> int:
+    """Single-token decodes first (the batch's decode rows), then decodes with drafts, then
+    prefill chunks; sorted() keeps the policy order within each."""
+    if not chunk.is_decode:
+        return 2
+    return 1 if chunk.draft_token_ids else 0
 
 
 def _priority_key(request: Request) -> tuple[int, float]:

@@ -134,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="int8: quantize a bf16/fp16 checkpoint's linears at load (weights per channel)",
     )
+    p.add_argument(
+        "--speculative-config",
+        default=None,
+        help="speculative decoding, vLLM's JSON: "
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, '
+        "\"prompt_lookup_min\": 2}' (n-gram drafts from the request's own tokens)",
+    )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
         "--max-waiting-requests",

@@ -155,6 +155,16 @@ class MetricDefinitions:
             "window_freed_blocks",
             "KV blocks freed behind a sliding window while their request ran.",
         ).labels(m)
+        self.spec_drafts = self._counter(
+            "spec_decode_num_drafts", "Decodes that carried draft tokens (speculative decoding)."
+        ).labels(m)
+        self.spec_draft_tokens = self._counter(
+            "spec_decode_num_draft_tokens", "Draft tokens verified by the model."
+        ).labels(m)
+        self.spec_accepted_tokens = self._counter(
+            "spec_decode_num_accepted_tokens",
+            "Draft tokens the model agreed with (emitted as output tokens).",
+        ).labels(m)
         self.prefix_queries = self._counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         ).labels(m)

@@ -94,6 +94,9 @@ class ServerMetrics(MetricDefinitions):
                 self.batch_size.observe(batch)
             self.preemptions.inc(stats.num_preemptions)
             self.window_freed_blocks.inc(stats.num_window_freed_blocks)
+            self.spec_drafts.inc(stats.num_drafting_requests)
+            self.spec_draft_tokens.inc(stats.num_draft_tokens)
+            self.spec_accepted_tokens.inc(stats.num_accepted_draft_tokens)
             self.prefix_queries.inc(stats.prefix_cache_queried_tokens)
             self.prefix_hits.inc(stats.prefix_cache_hit_tokens)
             self._set_queue_state(stats.num_waiting, stats.num_running, stats.kv_cache_usage)
@@ -106,6 +109,9 @@ class ServerMetrics(MetricDefinitions):
                 return
             if event.previous_token_at is not None:
                 self.itl.observe(event.produced_at - event.previous_token_at)
+                # Tokens of one step (accepted drafts) arrive together: 0 s between them.
+                for _ in event.new_token_ids[1:]:
+                    self.itl.observe(0.0)
             elif event.arrival_time is not None:
                 ttft = event.produced_at - event.arrival_time
                 self.ttft.observe(ttft)

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.meter.config import MeterConfig
+from scheduler.speculative_config import SpeculativeConfig
 from server.cli_flags import SettingsError, apply_env_defaults, build_parser
 from server.tenants import TenantDirectory, check_header_name
 
@@ -106,7 +107,10 @@ class Settings:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> Settings:
         try:
-            engine = EngineConfig(**{name: getattr(ns, name) for name in _ENGINE_FIELDS})
+            engine = EngineConfig(
+                **{name: getattr(ns, name) for name in _ENGINE_FIELDS},
+                speculative=_speculative(ns.speculative_config),
+            )
             meter_kwargs = {
                 target: getattr(ns, dest)
                 for dest, target in _METER_FIELDS.items()
@@ -144,6 +148,10 @@ class Settings:
             engine=engine,
             meter=meter,
         )
+
+
+def _speculative(text: str | None) -> SpeculativeConfig | None:
+    return None if not text else SpeculativeConfig.from_json(text)
 
 
 def _metrics_access(ns: argparse.Namespace) -> dict[str, Any]:

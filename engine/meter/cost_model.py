@@ -21,7 +21,7 @@ so FLOPs count the active parameters: twice ModelShape.active_linear_params per 
 are exact: every token runs exactly k experts.
 
 plus the LM head, 2 * hidden * vocab, once per row that produces logits: the last row of each
-chunk that samples, and each prompt-logprob row (SamplingParams.prompt_logprobs: the rows of
+chunk that samples (and each draft's row, for a decode verifying drafts), and each prompt-logprob row (SamplingParams.prompt_logprobs: the rows of
 a prefill chunk whose next prompt token's logprob is reported). A multiply-add counts as 2
 FLOPs. Norms, rotary embeddings, softmax and activations are elementwise and left out: they
 are < 1% of the matmuls for these models.
@@ -243,11 +243,17 @@ class ChunkWork:
     samples: bool
     is_decode: bool
     num_prompt_logprob_rows: int = 0
+    num_draft_tokens: int = 0  # of num_new_tokens: drafts verified (each also samples a row)
+
+    @property
+    def num_sample_rows(self) -> int:
+        """LM-head rows of the sampling pass: the last known token's, and one per draft."""
+        return 1 + self.num_draft_tokens if self.samples else 0
 
     @property
     def num_logit_rows(self) -> int:
-        """Rows that run through the LM head: the sampling row, plus prompt-logprob rows."""
-        return int(self.samples) + self.num_prompt_logprob_rows
+        """Rows that run through the LM head: the sampling rows, plus prompt-logprob rows."""
+        return self.num_sample_rows + self.num_prompt_logprob_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,10 +317,10 @@ class CostModel:
         sample, the prompt-logprob passes' by prompt-logprob row share."""
         flops = [self.chunk_flops(chunk) for chunk in chunks]
         num_tokens = sum(chunk.num_new_tokens for chunk in chunks)
-        num_sampling = sum(1 for chunk in chunks if chunk.samples)
+        num_sampling = sum(chunk.num_sample_rows for chunk in chunks)
         num_prompt_rows = sum(chunk.num_prompt_logprob_rows for chunk in chunks)
         weights = self.weight_bytes
-        decode_only = all(chunk.is_decode for chunk in chunks)
+        decode_only = all(chunk.is_decode for chunk in chunks)  # drafts' rows are decode rows
         body, head = weights.body(num_tokens, decode_only), weights.head(num_sampling)
         if weights.expert:
             if num_experts_run is None:
@@ -327,7 +333,7 @@ class CostModel:
         for chunk in chunks:
             share = body * chunk.num_new_tokens / num_tokens if num_tokens else 0.0
             if chunk.samples:
-                share += head / num_sampling
+                share += head * chunk.num_sample_rows / num_sampling
             if chunk.num_prompt_logprob_rows:
                 share += prompt_head * chunk.num_prompt_logprob_rows / num_prompt_rows
             kv_read = self._kv_read_tokens(chunk) * kv_per_layer_token

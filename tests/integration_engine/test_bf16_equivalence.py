@@ -32,6 +32,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM, GenerationOutput
 from scheduler.sampling_params import SamplingParams
+from scheduler.speculative_config import SpeculativeConfig
 
 MAX_NEW_TOKENS = 64
 # Waves of concurrent requests (prompt indices), run in this order, growing. Decode batches of
@@ -95,9 +96,14 @@ class Divergence:
         return 0.0 if self.position is None else self.hf_logprob_hf - self.hf_logprob_ours
 
 
-@pytest.fixture(scope="module")
-def served_outputs(prompts) -> list[GenerationOutput]:
-    llm = LLM(EngineConfig(dtype="bfloat16"))
+# The served configuration, and the same with n-gram speculative decoding: a decode's drafts
+# are verified as extra decode rows, so its tokens come from the same kernels' regimes.
+SPECULATIVE = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1)
+
+
+@pytest.fixture(scope="module", params=[None, SPECULATIVE], ids=["plain", "ngram"])
+def served_outputs(request, prompts) -> list[GenerationOutput]:
+    llm = LLM(EngineConfig(dtype="bfloat16", speculative=request.param))
     runner = llm.engine.runner
     assert runner.dtype == torch.bfloat16
     if runner.kernels is not None:

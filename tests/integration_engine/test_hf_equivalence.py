@@ -19,6 +19,7 @@ from engine_equivalence import (
 from engine.llm import LLM, GenerationOutput
 from scheduler.output import TokenLogprobs
 from scheduler.sampling_params import SamplingParams
+from scheduler.speculative_config import SpeculativeConfig
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, logprobs=TOP)
 BLOCK_SIZE = 16
@@ -88,6 +89,28 @@ def test_equal_with_chunked_prefill(prompts, hf_references) -> None:
     assert max(len(p) for p in prompts) > 4 * budget
     llm = _llm(max_num_batched_tokens=budget, enable_prefix_caching=False)
     outputs = llm.generate(prompts, GREEDY)
+    assert_equivalent(outputs, hf_references)
+    _assert_clean(llm)
+
+
+def test_equal_with_speculative_decoding(prompts, hf_references) -> None:
+    # Drafts from 1- to 3-token matches, up to 4 per decode, verified in the decode's pass.
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
+    llm = _llm(speculative=spec)
+    counts = {"drafts": 0, "accepted": 0}
+    step = llm.engine.step
+
+    def counting_step():
+        result = step()
+        if result.stats is not None:
+            counts["drafts"] += result.stats.num_draft_tokens
+            counts["accepted"] += result.stats.num_accepted_draft_tokens
+        return result
+
+    llm.engine.step = counting_step
+    outputs = llm.generate(prompts, GREEDY)
+    print(f"draft tokens {counts['drafts']}, accepted {counts['accepted']}")
+    assert counts["accepted"] > 0 and counts["drafts"] > counts["accepted"]
     assert_equivalent(outputs, hf_references)
     _assert_clean(llm)
 

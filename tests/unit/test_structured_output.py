@@ -205,6 +205,42 @@ def test_the_matcher_catches_up_after_preemption_without_double_advancing(tokeni
     assert structured.bitmask([plain]) is None
 
 
+def test_draft_rows_are_masked_after_the_drafts_before_them_and_rolled_back(tokenizer):
+    vocab = len(tokenizer)
+    eos = tokenizer.eos_token_id
+    constraint = StructuredOutput("choice", json.dumps(["yes please", "no"]))
+    params = SamplingParams(temperature=0.0, max_tokens=8, structured_output=constraint)
+    structured = StructuredOutputs(tokenizer, vocab)
+    target = tokenizer.encode("yes please", add_special_tokens=False)
+    assert len(target) >= 2
+
+    def rows(drafts: list[int]) -> list[ScheduledChunk]:
+        # What draft_verification.sample_row_chunks makes of one decode with these drafts.
+        made = []
+        for j in range(len(drafts) + 1):
+            c = _chunk(params, "a", drafts[:j])
+            c.eos_token_ids = frozenset({eos})
+            made.append(c)
+        return made
+
+    plain = [structured.bitmask([row])[0] for row in rows(target)[:1]]
+    # Drafts = the whole answer and EOS: row j allows exactly what follows target[:j].
+    drafted = structured.bitmask(rows([*target, eos]))
+    assert _allowed(drafted[0], vocab) == _allowed(plain[0], vocab)
+    for j, token in enumerate(target):
+        assert token in _allowed(drafted[j], vocab)
+    assert _allowed(drafted[len(target)], vocab) == {eos}
+    # Nothing was accepted for good: the matcher is where the outputs leave it.
+    assert structured.matchers["a"].num_accepted == 0
+    assert torch.equal(structured.bitmask(rows([]))[0], drafted[0])
+    # A draft the grammar refuses: its own row forbids it, the rows after keep every bit.
+    bad = tokenizer.encode(" maybe", add_special_tokens=False)[0]
+    refused = structured.bitmask(rows([target[0], bad, target[1]]))
+    assert bad not in _allowed(refused[1], vocab)
+    assert bool((refused[2] == -1).all()) and bool((refused[3] == -1).all())
+    assert not structured.matchers["a"].broken and structured.matchers["a"].num_accepted == 0
+
+
 def test_a_schema_compiles_once_and_a_walk_yields_valid_json(tokenizer):
     vocab = len(tokenizer)
     structured = StructuredOutputs(tokenizer, vocab)
