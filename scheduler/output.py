@@ -178,6 +178,9 @@ class ChunkProgress:
     num_scheduled_requests: int  # chunks in the step's forward pass, this one included
     computed_at: float  # time.monotonic() when update() applied the step
     cost: RequestCost
+    # Speculative decoding: drafts among the new tokens, and how many the model agreed with.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
     @property
     def num_prompt_tokens_computed(self) -> int:

@@ -427,7 +427,7 @@ class Scheduler:
                 continue
             event.prompt_logprobs = prompt_logprobs
             if progress:
-                event.progress = self._progress(output, chunk, request, now)
+                event.progress = self._progress(output, chunk, request, now, runner_output)
             events.append(event)
         if num_finished:
             self._running = [request for request in self._running if not request.is_finished]
@@ -478,7 +478,12 @@ class Scheduler:
         return event
 
     def _progress(
-        self, output: SchedulerOutput, chunk: ScheduledChunk, request: Request, now: float
+        self,
+        output: SchedulerOutput,
+        chunk: ScheduledChunk,
+        request: Request,
+        now: float,
+        runner_output: RunnerOutput,
     ) -> ChunkProgress:
         assert output.step_index is not None
         return ChunkProgress(
@@ -490,6 +495,10 @@ class Scheduler:
             num_scheduled_requests=len(output.chunks),
             computed_at=now,
             cost=dataclasses.replace(request.cost),
+            num_draft_tokens=chunk.num_draft_tokens,
+            num_accepted_draft_tokens=len(
+                runner_output.accepted_draft_token_ids.get(chunk.request_id, ())
+            ),
         )
 
     # ------------------------------------------------------------------------------- finish

@@ -192,6 +192,8 @@ class Generation:
             decode_flops=cost.decode_flops,
             prefill_cost_usd=cost.prefill_seconds * price,
             decode_cost_usd=cost.decode_seconds * price,
+            draft_tokens=progress.num_draft_tokens,
+            accepted_draft_tokens=progress.num_accepted_draft_tokens,
         )
 
     def usage(self) -> Usage:

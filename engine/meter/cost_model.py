@@ -303,7 +303,13 @@ class CostModel:
 
     def _kv_read_tokens(self, chunk: ChunkWork) -> int:
         """Cached positions read over all layers: a windowed layer starts at its first query's
-        first visible key (the kernels never load keys before it)."""
+        first visible key (the kernels never load keys before it). A decode verifying drafts
+        runs as one-token decodes, each reading its own context."""
+        if chunk.is_decode and chunk.num_draft_tokens:
+            return sum(
+                self._kv_read_tokens(ChunkWork(1, chunk.context_len - j, True, True))
+                for j in range(chunk.num_new_tokens)
+            )
         start = chunk.context_len - chunk.num_new_tokens
         return sum(
             count * (chunk.context_len - first_visible_key(start, window))

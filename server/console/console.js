@@ -154,6 +154,7 @@
       passes: new Map(), // forward_pass -> phase, this request's passes
       prefillPasses: 0,
       decodePasses: 0,
+      decodeTokens: 0, // tokens decode passes produced (accepted drafts included)
       promptTokens: 0,
       completionTokens: 0,
       tokenTimes: [], // elapsed_seconds (server clock) of each pass that produced tokens
@@ -191,6 +192,7 @@
     if (p.token_ids.length) {
       run.tokenTimes.push(p.elapsed_seconds);
       run.completionTokens += p.token_ids.length;
+      if (p.phase === "decode") run.decodeTokens += p.token_ids.length;
     }
     run.prefillCost = p.prefill_cost_usd;
     run.decodeCost = p.decode_cost_usd;
@@ -223,9 +225,12 @@
     const span = document.createElement("span");
     span.className = p.phase === "prefill" ? "tok first" : "tok";
     span.textContent = text;
+    const drafts = p.draft_tokens
+      ? `, ${p.accepted_draft_tokens} of ${p.draft_tokens} draft tokens accepted`
+      : "";
     span.title =
       `token ${p.token_ids.join(", ")}: forward pass ${p.forward_pass} (${p.phase}, ` +
-      `batch of ${p.batch_size}, at ${seconds(p.elapsed_seconds)})`;
+      `batch of ${p.batch_size}${drafts}, at ${seconds(p.elapsed_seconds)})`;
     const box = $("answer-tokens");
     box.append(span);
     box.scrollTop = box.scrollHeight;
@@ -257,6 +262,8 @@
     setOutput("c-decode-passes", run.decodePasses, String(run.decodePasses));
     const total = run.prefillPasses + run.decodePasses;
     setOutput("c-forward-passes", total, String(total));
+    const perPass = run.decodePasses ? run.decodeTokens / run.decodePasses : null;
+    setOutput("c-tokens-per-pass", perPass, perPass === null ? "–" : perPass.toFixed(2));
     setOutput("c-prompt-tokens", prompt, String(prompt));
     setOutput("c-completion-tokens", completion, String(completion));
     setOutput("c-batch", run.batch, run.batch === null ? "–" : `${run.batch} request(s)`);

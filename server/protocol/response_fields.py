@@ -33,7 +33,7 @@ class StreamProgress(BaseModel):
     phase: Literal["prefill", "decode"]
     batch_size: int  # requests in this forward pass
     start_position: int  # first position this pass computed for the choice
-    num_tokens: int  # positions it computed (a prefill chunk's length, 1 in decode)
+    num_tokens: int  # positions it computed (a prefill chunk's length; in decode 1 + drafts)
     prompt_tokens: int
     prompt_tokens_computed: int  # prompt tokens with K/V cached after this pass
     token_ids: list[int] = Field(default_factory=list)  # tokens this pass produced
@@ -42,6 +42,8 @@ class StreamProgress(BaseModel):
     decode_flops: float
     prefill_cost_usd: float
     decode_cost_usd: float
+    draft_tokens: int = 0  # speculative decoding: drafts this decode pass verified
+    accepted_draft_tokens: int = 0  # of which the model agreed with (in token_ids)
 
 
 def is_unset(value: Any) -> bool:

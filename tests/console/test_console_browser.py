@@ -89,6 +89,8 @@ def test_a_run_shows_the_passes_and_the_bill_the_api_streamed(
     assert int(shown["prefill-passes"]) == len(prefill_passes)
     assert int(shown["decode-passes"]) == len(decode_passes)
     assert int(shown["forward-passes"]) == len(prefill_passes | decode_passes)
+    assert float(shown["tokens-per-pass"]) == 1.0  # no speculative decoding on this server
+    assert all(p["draft_tokens"] == p["accepted_draft_tokens"] == 0 for p in progress)
     assert int(shown["prompt-tokens"]) == usage["prompt_tokens"]
     assert int(shown["completion-tokens"]) == usage["completion_tokens"]
     assert float(shown["cost"]) == usage["cost_usd"]

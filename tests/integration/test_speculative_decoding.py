@@ -83,6 +83,39 @@ async def test_copying_is_served_with_accepted_drafts_and_metered_exactly(
     assert delivered == usage.completion_tokens
 
 
+async def test_the_progress_stream_shows_each_passs_drafts_and_accepted_tokens(
+    ngram_server: ServerProcess,
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": COPY,
+        "temperature": 0,
+        "max_tokens": 48,
+        "stream": True,
+        "stream_options": {"include_usage": True, "include_progress": True},
+    }
+    progress, usage = [], None
+    async with (
+        httpx.AsyncClient(base_url=ngram_server.base_url, timeout=120) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if "meterserve" in chunk:
+                progress.append(chunk["meterserve"])
+            usage = chunk.get("usage") or usage
+    decodes = [p for p in progress if p["phase"] == "decode"]
+    assert decodes and usage is not None
+    for p in decodes:  # each decode pass: its token, the drafts it kept, nothing else
+        assert p["num_tokens"] == 1 + p["draft_tokens"]
+        assert len(p["token_ids"]) <= 1 + p["accepted_draft_tokens"] <= 1 + p["draft_tokens"]
+    assert sum(p["accepted_draft_tokens"] for p in decodes) > 0
+    assert sum(len(p["token_ids"]) for p in progress) == usage["completion_tokens"]
+
+
 async def test_greedy_output_with_logprobs_and_a_stop_string(client: AsyncOpenAI) -> None:
     full = await client.chat.completions.create(
         model=MODEL, messages=COPY, temperature=0, max_tokens=40, logprobs=True, top_logprobs=2

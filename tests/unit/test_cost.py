@@ -70,6 +70,21 @@ def test_hand_computed_flops_and_bytes_of_a_mixed_step():
     assert (cost.prefill_bytes, cost.decode_bytes) == (2172.0, 948.0)
 
 
+def test_a_decode_verifying_drafts_samples_every_row_and_reads_each_rows_context():
+    # Known token at position 4 and drafts at 5 and 6 (context 7): three decode rows.
+    spec = ChunkWork(3, 7, samples=True, is_decode=True, num_draft_tokens=2)
+    plain = ChunkWork(1, 9, samples=True, is_decode=True)
+    cost = CostModel(TINY).step_cost([spec, plain])
+    # Rows attend 5, 6 and 7 positions; each of the 3 rows runs the LM head (160 each).
+    assert cost.chunk_flops == [3 * 2304 + 18 * 64 + 3 * 160, 2304 + 9 * 64 + 160]
+    assert cost.decode_flops == sum(cost.chunk_flops) and cost.prefill_flops == 0.0
+    # Body 2384 split 3:1 by tokens, head 160 split 3:1 by sampled rows; the draft rows read
+    # their contexts one by one (5 + 6 + 7 positions of 32 bytes), write 3, gather 3 rows.
+    spec_bytes = 2384 * 3 / 4 + 160 * 3 / 4 + 18 * 32 + 3 * 32 + 3 * 16
+    plain_bytes = 2384 / 4 + 160 / 4 + 9 * 32 + 32 + 16
+    assert cost.chunk_bytes == [spec_bytes, plain_bytes]
+
+
 def test_a_chunk_that_does_not_sample_skips_the_lm_head_and_its_weights():
     mid_prompt = ChunkWork(num_new_tokens=2, context_len=2, samples=False, is_decode=False)
     cost = CostModel(TINY).step_cost([mid_prompt])
