@@ -107,6 +107,7 @@ class EngineCore:
             ),
         )
         self.max_running_batch_observed = 0
+        self._draft_backoffs_seen = 0  # scheduler.num_draft_backoffs_total at the last step
         self.thread_governor = governor_for(config.num_threads)
         log.info(
             "engine ready: model %s, dtype %s, %d KV blocks of %d tokens (%.1f MiB), max_model_len %d",
@@ -265,7 +266,13 @@ class EngineCore:
             num_draft_tokens=output.num_draft_tokens,
             num_drafting_requests=output.num_drafting_requests,
             num_accepted_draft_tokens=executed.runner_output.num_accepted_draft_tokens,
+            num_draft_backoffs=self._take_draft_backoffs(),
         )
+
+    def _take_draft_backoffs(self) -> int:
+        total = self.scheduler.num_draft_backoffs_total
+        new, self._draft_backoffs_seen = total - self._draft_backoffs_seen, total
+        return new
 
     # -- facts for the server and tests -------------------------------------------------
     @property

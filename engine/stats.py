@@ -61,3 +61,4 @@ class StepStats:
     num_draft_tokens: int = 0
     num_drafting_requests: int = 0
     num_accepted_draft_tokens: int = 0
+    num_draft_backoffs: int = 0  # decodes whose drafts were all rejected: drafting paused

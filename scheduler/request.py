@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from scheduler.draft_backoff import DraftBackoff
 from scheduler.sampling_params import SamplingParams
 
 
@@ -87,6 +88,7 @@ class Request:
     error: str | None = None  # why it ended, for FINISHED_ERROR / FINISHED_ABORTED
     times: RequestTimes = field(init=False)
     cost: RequestCost = field(default_factory=RequestCost)
+    draft_backoff: DraftBackoff = field(default_factory=DraftBackoff)  # speculative decoding
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -46,7 +46,10 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
    structured output drafts too: the runner masks each draft's row after the drafts before it
    (engine/structured_output.py), so a draft its grammar refuses is never accepted.
    Drafts the model agrees with become tokens and computed positions in update(); the KV of
-   rejected ones lies past num_computed_tokens and is overwritten by the next step.
+   rejected ones lies past num_computed_tokens and is overwritten by the next step. A decode
+   whose drafts were all rejected makes its request skip drafting for its next 1, then 2, 4,
+   ... decodes, up to SpeculativeConfig.max_backoff_steps; an accepted draft resets it
+   (scheduler/draft_backoff.py): drafts that never land cost their rows for nothing.
 
 Call update(output, runner_output) after every schedule(), even an empty one: requests failed
 inside schedule() deliver their final event through it.
@@ -102,6 +105,7 @@ class Scheduler:
         # nothing twice; dropped when the request finishes.
         self._prompt_logprobs_reported: dict[str, int] = {}
         self._num_preemptions_total = 0
+        self._num_draft_backoffs_total = 0  # decodes whose rejected drafts began a backoff
         self._num_steps = 0  # outputs that computed something: SchedulerOutput.step_index
         self._queried_seen = kv_cache.prefix_cache_queried_tokens
         self._hit_seen = kv_cache.prefix_cache_hit_tokens
@@ -169,6 +173,10 @@ class Scheduler:
     def num_preemptions_total(self) -> int:
         return self._num_preemptions_total
 
+    @property
+    def num_draft_backoffs_total(self) -> int:
+        return self._num_draft_backoffs_total
+
     # ----------------------------------------------------------------------------- schedule
 
     def schedule(self) -> SchedulerOutput:
@@ -225,7 +233,7 @@ class Scheduler:
         """Rule 10: a decode's draft tokens, their KV slots allocated; [] for none."""
         spec = self.config.speculative
         params = request.sampling_params
-        if spec is None or num_new != 1:
+        if spec is None or num_new != 1 or request.draft_backoff.skips():
             return []
         limit = min(
             spec.num_speculative_tokens,
@@ -419,6 +427,7 @@ class Scheduler:
             progress = chunk.sampling_params.report_progress and output.step_index is not None
             prompt_logprobs = self._take_prompt_logprobs(chunk, runner_output)
             if chunk.samples:
+                self._record_drafts(request, chunk, runner_output)
                 event = self._append_tokens(request, runner_output, now)
                 num_finished += request.is_finished
             elif progress or prompt_logprobs:
@@ -442,6 +451,17 @@ class Scheduler:
             return []
         self._prompt_logprobs_reported[chunk.request_id] = chunk.prompt_logprobs_end
         return runner_output.prompt_logprobs.get(chunk.request_id, [])
+
+    def _record_drafts(
+        self, request: Request, chunk: ScheduledChunk, runner_output: RunnerOutput
+    ) -> None:
+        """Rule 10's backoff: a decode whose drafts were all rejected pauses drafting."""
+        spec = self.config.speculative
+        if spec is None or not chunk.draft_token_ids:
+            return
+        accepted = len(runner_output.accepted_draft_token_ids.get(request.request_id, ()))
+        if request.draft_backoff.record(chunk.num_draft_tokens, accepted, spec.max_backoff_steps):
+            self._num_draft_backoffs_total += 1
 
     def _append_tokens(
         self, request: Request, runner_output: RunnerOutput, now: float

@@ -8,7 +8,13 @@ from typing import Any
 
 # vLLM's keys for the "ngram" method; any other key is refused rather than ignored.
 _NGRAM_KEYS = frozenset(
-    {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+    {
+        "method",
+        "num_speculative_tokens",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
+        "max_backoff_steps",  # ours (scheduler/draft_backoff.py), not vLLM's
+    }
 )
 MAX_SPECULATIVE_TOKENS = 16  # a longer draft is almost never accepted whole
 
@@ -19,12 +25,15 @@ class SpeculativeConfig:
     request's tokens of length in [prompt_lookup_min, prompt_lookup_max] that occurred earlier
     in its tokens proposes the up to num_speculative_tokens tokens that followed it there
     (scheduler/ngram_proposer.py). The target model checks them all in the same forward pass.
+    A request whose drafts were all rejected drafts nothing for a while, doubling up to
+    max_backoff_steps decodes (scheduler/draft_backoff.py; 0: always draft).
     """
 
     num_speculative_tokens: int
     prompt_lookup_max: int = 5
     prompt_lookup_min: int = 5
     method: str = "ngram"
+    max_backoff_steps: int = 8
 
     def __post_init__(self) -> None:
         if self.method != "ngram":
@@ -36,6 +45,8 @@ class SpeculativeConfig:
                 f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
                 f"got {self.num_speculative_tokens}"
             )
+        if self.max_backoff_steps < 0:
+            raise ValueError(f"max_backoff_steps must be >= 0, got {self.max_backoff_steps}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
@@ -75,4 +86,5 @@ class SpeculativeConfig:
             prompt_lookup_max=lookup_max,
             prompt_lookup_min=lookup_min,
             method=fields.get("method", "ngram"),
+            max_backoff_steps=fields.get("max_backoff_steps", 8),
         )

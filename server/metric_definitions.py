@@ -165,6 +165,10 @@ class MetricDefinitions:
             "spec_decode_num_accepted_tokens",
             "Draft tokens the model agreed with (emitted as output tokens).",
         ).labels(m)
+        self.spec_backoffs = self._counter(
+            "spec_decode_backoffs",
+            "Decodes whose drafts were all rejected, pausing their request's drafting.",
+        ).labels(m)
         self.prefix_queries = self._counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         ).labels(m)

@@ -70,6 +70,9 @@ def test_config_reads_vllms_json_and_fills_one_lookup_size_from_the_other() -> N
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (2, 2)
     config = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 2}')
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (5, 5)
+    assert config.max_backoff_steps == 8
+    config = SpeculativeConfig.from_json('{"num_speculative_tokens": 2, "max_backoff_steps": 0}')
+    assert config.max_backoff_steps == 0
 
 
 @pytest.mark.parametrize(
@@ -83,6 +86,7 @@ def test_config_reads_vllms_json_and_fills_one_lookup_size_from_the_other() -> N
         ('{"num_speculative_tokens": 0}', "must be in 1..16"),
         ('{"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "<="),
         ('{"num_speculative_tokens": "2"}', "must be an integer"),
+        ('{"num_speculative_tokens": 2, "max_backoff_steps": -1}', "max_backoff_steps"),
         ('{"num_speculative_tokens": 2, "disable_by_batch_size": 8}', "disable_by_batch_size"),
     ],
 )

@@ -156,3 +156,41 @@ def test_logprobs_of_accepted_drafts_come_before_the_sampled_tokens() -> None:
     (event,) = sched.update(out, result)
     assert event.new_token_ids == [14, 99]
     assert [entry.token_id for entry in event.logprobs] == [14, 99]
+
+
+def test_all_drafts_rejected_pauses_drafting_1_then_2_decodes_and_acceptance_resets_it() -> None:
+    # PROMPT loops, so every decode finds drafts; the fake runner rejects them all.
+    sched = make_scheduler(k=2)
+    request = add(sched, "a", PROMPT * 3)
+    prefill(sched, first_token=13)
+
+    def decode(num_accepted: int) -> list[int]:
+        out = sched.schedule()
+        sampled = request.token_ids[-8] if num_accepted == 0 else 99  # keep the loop going
+        sched.update(out, agree(out, {"a": num_accepted}, sampled=sampled))
+        return out.chunks[0].draft_token_ids
+
+    drafted = [bool(decode(0)) for _ in range(6)]
+    # drafted, rejected -> skip 1; drafted, rejected -> skip 2; drafted ...
+    assert drafted == [True, False, True, False, False, True]
+    assert sched.num_draft_backoffs_total == 3
+    assert request.draft_backoff.length == 4 and request.draft_backoff.left == 4
+    request.draft_backoff.left = 0
+    assert decode(1)  # drafts again; one accepted ends the backoff
+    assert request.draft_backoff.length == 0
+
+
+def test_backoff_doubles_up_to_its_bound_and_zero_never_backs_off() -> None:
+    from scheduler.draft_backoff import DraftBackoff
+
+    backoff = DraftBackoff()
+    lengths = []
+    for _ in range(6):
+        backoff.record(3, 0, max_backoff_steps=8)
+        lengths.append(backoff.left)
+        while backoff.skips():
+            pass
+    assert lengths == [1, 2, 4, 8, 8, 8]
+    assert not backoff.record(0, 0, 8)  # a decode without drafts changes nothing
+    never = DraftBackoff()
+    assert not never.record(3, 0, max_backoff_steps=0) and not never.skips()
