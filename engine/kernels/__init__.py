@@ -25,6 +25,7 @@ SOURCES = [
     "decode_stack_binding.cpp",
     "decode_stack.cpp",
     "small_batch_linear.cpp",
+    "tile_matvec.cpp",
     "gguf_binding.cpp",
     "gguf_linear.cpp",
     "gguf_panel.cpp",

@@ -1,7 +1,7 @@
 """DecodeStack: a Llama model's decoder layers as one native call for small decode steps.
 
 A decode-only step of a few rows (single-stream and few-stream serving: 1-8 for a GGUF model,
-1-4 for a row-major bf16 one on an AMX CPU) runs each layer's ~10 kernels from Python: with the
+1-4 for a bf16 one on an AMX CPU) runs each layer's ~10 kernels from Python: with the
 calls, their argument checks and the views between them, that is ≈ 1.3 ms of a ≈ 4.7 ms
 single-stream step. The native DecodeStack (engine/kernels/csrc/decode_stack.cpp) makes the
 same kernel calls in the same order from C++: its output is bit-identical to
@@ -10,8 +10,8 @@ using it or not changes no token.
 
 It applies only where every piece of such a step already runs on a native kernel: bfloat16,
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
-a GGUF file's blocks (GGUFLinear, gguf_linear) or a row-major bf16 weight (PackedLinear's
-small-batch path), no per-head q/k norm. Any other step, or model, takes the Python path.
+a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in AMX tiles or row-major
+(PackedLinear's small-batch path), no per-head q/k norm. Any other step, or model, takes the Python path.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
 DENSE_KIND = -1  # the native stack's kind for a PackedLinear's row-major bf16 weight
 GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' ggml types and rows, then their stored blocks
+TILES_KIND = -3  # a PackedLinear's AMX tiles (amx_pack_weight), read by tile_small_linear
 
 
 class DecodeStack:
@@ -88,7 +89,7 @@ def _max_rows(linears, kernels) -> int:
     """The stack's row limit. With GGUF blocks in every linear, the kernels' own limit (8: above
     4 rows each block is dequantized to bf16 once for all rows; measured on AMD EPYC without
     AMX, SmolLM2 decode steps of 6 and 8 rows 9.5-11.3 and 10.5-11.7 ms, against 12.6-15.7 and
-    14.0-14.6 ms on oneDNN's bf16 layout). A row-major bf16 model (AMX CPUs) stays at
+    14.0-14.6 ms on oneDNN's bf16 layout). A bf16 model (AMX CPUs: tiles or row-major) stays at
     SMALL_BATCH_ROWS: its 5-8-row matvecs were not measured against the AMX tiles."""
     gguf = all(kind == GGUF_PARTS_KIND for kind, _ in linears)
     return kernels.MAX_SMALL_BATCH_ROWS if gguf else SMALL_BATCH_ROWS
@@ -129,11 +130,13 @@ def _small_batch_native(linear) -> bool:
         return linear.bias is None and linear.kernels is not None and not float_part
     if not isinstance(linear, PackedLinear) or linear.bias is not None:
         return False
-    return linear.weight is not None  # kept only on AMX CPUs
+    return linear.amx_weight is not None or linear.weight is not None  # AMX CPUs only
 
 
 def _linear_spec(linear: PackedLinear | GGUFLinear) -> tuple[int, list[torch.Tensor]]:
     if isinstance(linear, GGUFLinear):
         parts = torch.tensor([[part.kind, part.rows] for part in linear.parts], dtype=torch.int64)
         return GGUF_PARTS_KIND, [parts, *(part.blocks for part in linear.parts)]
+    if linear.amx_weight is not None:
+        return TILES_KIND, [linear.amx_weight]
     return DENSE_KIND, [linear.weight]

@@ -6,12 +6,14 @@ costs more than the matmul at decode batch sizes. So the weight is laid out once
   shape tiles evenly, else oneDNN's blocked layout (as PyTorch's inductor packs with weight
   freezing);
 - up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests), when the
-  native kernels are built: on an AMX CPU, small_batch_linear over the plain row-major weight,
-  the only layout these batches read (oneDNN on AMX streams a packed weight at only ~10 GB/s
-  for one row); without AMX, the same blocked layout as larger batches: oneDNN's
+  native kernels are built: on an AMX CPU, tile_small_linear's AVX512-BF16 dot products over
+  the same AMX tiles (oneDNN on AMX streams a packed weight at only ~10 GB/s for one row, and
+  the tile product is no faster), or, for a shape the tiles do not fit, small_batch_linear
+  over a row-major weight; without AMX, the same blocked layout as larger batches: oneDNN's
   AVX512-BF16 kernels stream it faster than small_batch_linear (AMD EPYC, 1.5B shapes, 1-4
   rows: 4.4 vs 5.9 ms for one row of the 49152 x 2048 head), and no second copy is kept.
-Each layer thus holds one bf16 layout of its weight, or two on AMX CPUs (tiles and row-major).
+Each layer thus holds one bf16 layout of its weight; two (oneDNN's and row-major) only on an AMX
+CPU for a shape that is not a multiple of 32.
 Only used for bfloat16; float32 keeps nn.Linear (the exactness tests run in float32 against
 Hugging Face). A GGUF model's linears are GGUFLinear (gguf_linear.py), over the file's blocks.
 """
@@ -37,8 +39,8 @@ class PackedLinear(nn.Module):
     """Owns one linear layer's weight in the layouts its batch sizes need:
     more than SMALL_BATCH_ROWS rows: `amx_weight` (AMX tiles, when the kernels have AMX and the
     shape tiles evenly), else `packed_weight` (oneDNN);
-    rows <= SMALL_BATCH_ROWS: `weight` (row-major, kept only on AMX CPUs), via kernels; else
-    the large-batch layout."""
+    rows <= SMALL_BATCH_ROWS: `amx_weight` too (tile_small_linear), else `weight` (row-major,
+    kept only on AMX CPUs for shapes without tiles), via kernels; else the large-batch layout."""
 
     def __init__(self, linear: nn.Linear, kernels=None) -> None:
         super().__init__()
@@ -48,31 +50,34 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.kernels = kernels
         amx = kernels is not None and kernels.amx_available()
-        self.weight = weight.contiguous() if amx else None
+        self.weight = None
         self.amx_weight = None
         self.packed_weight = None
         if _amx_fits(kernels, self.out_features, in_features):
             self.amx_weight = kernels.amx_pack_weight(weight)
         else:
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            self.weight = weight.contiguous() if amx else None
 
     def bytes_read(self, num_rows: int) -> int:
         """Bytes of weight (and bias) one forward over num_rows rows streams, as the path
         forward() takes for that many rows reads them (the meter's bytes moved)."""
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        if self._small_batch_path(num_rows):
-            return self.weight.numel() * self.weight.element_size() + bias
-        # The AMX tiles and oneDNN's blocked layout hold the same bf16 values, re-laid out.
+        # Row-major, the AMX tiles and oneDNN's blocked layout hold the same bf16 values.
         return self.out_features * self.in_features * 2 + bias
 
     def _small_batch_path(self, num_rows: int) -> bool:
-        """Whether num_rows rows go to small_batch_linear over the row-major weight."""
-        return self.weight is not None and 0 < num_rows <= SMALL_BATCH_ROWS
+        """Whether num_rows rows go to a small-batch kernel (over the tiles or row-major)."""
+        small_layout = self.weight is not None or self.amx_weight is not None
+        return small_layout and 0 < num_rows <= SMALL_BATCH_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if self._small_batch_path(flat.shape[0]):
-            out = self.kernels.small_batch_linear(flat.contiguous(), self.weight, self.bias)
+            if self.amx_weight is not None:
+                out = self.kernels.tile_small_linear(flat.contiguous(), self.amx_weight, self.bias)
+            else:
+                out = self.kernels.small_batch_linear(flat.contiguous(), self.weight, self.bias)
         elif self.amx_weight is not None:
             out = self.kernels.amx_linear(flat, self.amx_weight, self.bias)
         else:

@@ -117,6 +117,26 @@ def test_small_batch_linear_matches_fp32_matmul(rows, features) -> None:
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])  # 5-8: two chains a row
+@pytest.mark.parametrize("features", [(96, 576), (64, 2048)])
+def test_tile_small_linear_matches_fp32_matmul_over_the_amx_layout(rows, features) -> None:
+    # The tile layout is plain data (amx_pack_weight is a permute), so this runs on any CPU.
+    torch.manual_seed(rows)
+    n, k = features
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    packed = kernels.amx_pack_weight(weight)
+    want = (x.float() @ weight.float().T + bias.float()).bfloat16()
+    torch.testing.assert_close(
+        kernels.tile_small_linear(x, packed, bias), want, atol=1e-2, rtol=1e-2
+    )
+    no_bias = kernels.tile_small_linear(x, packed, None)
+    torch.testing.assert_close(
+        no_bias, (x.float() @ weight.float().T).bfloat16(), atol=1e-2, rtol=1e-2
+    )
+
+
 def test_amx_pack_layout_is_the_documented_one() -> None:
     if not kernels.amx_available():
         pytest.skip("no AMX on this CPU")
@@ -254,6 +274,7 @@ def gil_free_calls() -> dict:
     temperature, uniforms = torch.full((64,), 0.8), torch.rand(64, dtype=torch.float64)
     ops = {
         "small_batch_linear": (x4, weight, None),
+        "tile_small_linear": (x4, kernels.amx_pack_weight(weight), None),
         "gguf_linear": (x4, blocks, int(q4_1), 256),
         "argmax_rows": (rows,),
         "rms_norm": (rows, weight[0], 1e-5),
@@ -276,6 +297,7 @@ def gil_free_calls() -> dict:
 
 GIL_FREE_OPS = [
     "small_batch_linear",
+    "tile_small_linear",
     "gguf_linear",
     "argmax_rows",
     "rms_norm",
@@ -307,7 +329,13 @@ def test_a_call_that_keeps_the_gil_shows_no_progress() -> None:
 def test_ops_give_the_same_results_from_two_threads_at_once(gil_free_calls) -> None:
     """Without the GIL two threads may run kernels together: no op keeps shared state."""
     calls = gil_free_calls
-    pure = ["small_batch_linear", "gguf_linear", "argmax_rows", "paged_decode_attention"]
+    pure = [
+        "small_batch_linear",
+        "tile_small_linear",
+        "gguf_linear",
+        "argmax_rows",
+        "paged_decode_attention",
+    ]
     want = {name: calls[name]() for name in pure}
     with ThreadPoolExecutor(max_workers=2) as pool:
         for name in pure:

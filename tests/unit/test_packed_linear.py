@@ -44,15 +44,25 @@ def test_every_path_matches_fp32_matmul(which: str, bias: bool, rows: int) -> No
 
 
 @pytest.mark.parametrize("which", sorted(KERNELS))
-def test_one_bf16_layout_without_amx(which: str) -> None:
+def test_one_bf16_layout_at_every_batch_size(which: str) -> None:
     kernels = KERNELS[which]
     if which == "kernels" and kernels is None:
         pytest.skip("native CPU kernels not available")
-    packed = PackedLinear(_linear(64, 64, False, seed=0), kernels)
     amx = kernels is not None and kernels.amx_available()
-    # A row-major copy for small batches only beside AMX tiles; else one layout serves all.
-    assert (packed.weight is not None) == amx
-    assert (packed.packed_weight is None) == (packed.amx_weight is not None)
+    packed = PackedLinear(_linear(64, 64, False, seed=0), kernels)
+    # AMX: the tiles serve small batches too (tile_small_linear); else oneDNN's layout does.
+    layouts = [packed.weight, packed.amx_weight, packed.packed_weight]
+    assert sum(layout is not None for layout in layouts) == 1
+    assert (packed.amx_weight is not None) == amx
+    # A shape the tiles do not fit keeps oneDNN's layout, and on AMX a row-major copy for the
+    # small batches (oneDNN streams one row at ~10 GB/s there).
+    linear = _linear(48, 40, False, seed=0)
+    odd = PackedLinear(linear, kernels)
+    assert odd.amx_weight is None and odd.packed_weight is not None
+    assert (odd.weight is not None) == amx
+    x = torch.randn(2, 40, dtype=torch.bfloat16)
+    want = (x.float() @ linear.weight.float().T).bfloat16()
+    torch.testing.assert_close(odd(x), want, atol=1e-2, rtol=1e-2)
 
 
 def test_pack_linears_swaps_bf16_linears_only() -> None:

@@ -29,6 +29,29 @@ torch::Tensor small_batch_linear_op(const torch::Tensor& x, const torch::Tensor&
   return out;
 }
 
+torch::Tensor tile_small_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
+                                   const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kSmallBatchRows &&
+                  x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
+              "x must be contiguous bfloat16 [1..", kSmallBatchRows, ", K]");
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == torch::kBFloat16 &&
+                  packed.is_contiguous() && packed.size(2) == 16 && packed.size(3) == 16 &&
+                  packed.size(4) == 2,
+              "packed must come from amx_pack_weight");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * 16;
+  TORCH_CHECK(packed.size(1) * 32 == K, "tile_small_linear: K of x and weight differ");
+  const bf16* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
+                    bias->scalar_type() == torch::kBFloat16,
+                "bias must be bfloat16 [N]");
+    bias_ptr = data<bf16>(*bias);
+  }
+  auto out = torch::empty({M, N}, x.options());
+  tile_small_linear(data<bf16>(x), data<bf16>(packed), bias_ptr, data<bf16>(out), M, N, K);
+  return out;
+}
+
 // [N, K] bf16 -> the AMX tile layout amx_linear reads (N % 32 == 0, K % 32 == 0).
 torch::Tensor amx_pack_weight_op(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
@@ -346,6 +369,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_batch_linear", &small_batch_linear_op, "x[M<=8,K] @ weight[N,K].T (+ bias), bf16",
         without_gil);
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
+  m.def("tile_small_linear", &tile_small_linear_op,
+        "x[M<=8,K] @ weight.T (+ bias) over the amx_pack_weight layout, bf16", without_gil);
   m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout", without_gil);
   m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16",
         without_gil);

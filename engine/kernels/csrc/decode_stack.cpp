@@ -31,6 +31,8 @@ void gguf_parts(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
 void linear(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
   if (!w.gguf.empty())
     gguf_parts(x, w, out, rows);
+  else if (w.tiles)
+    tile_small_linear(x, w.tiles, nullptr, out, rows, w.out_features, w.in_features);
   else
     small_batch_linear(x, w.dense, nullptr, out, rows, w.out_features, w.in_features);
 }

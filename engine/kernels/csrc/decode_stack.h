@@ -16,11 +16,12 @@ struct GgufPart {
 };
 
 // A linear layer without bias, as the small-batch path reads it: a GGUF file's blocks as
-// stored when `gguf` has parts (one per run of one format), else the row-major bf16 `dense`
-// [out_features, in_features].
+// stored when `gguf` has parts (one per run of one format), else the bf16 weight in AMX tiles
+// (`tiles`, amx_pack_weight's layout) or row-major (`dense`, [out_features, in_features]).
 struct SmallLinear {
   std::vector<GgufPart> gguf;
   const bf16* dense = nullptr;
+  const bf16* tiles = nullptr;
   int64_t out_features = 0, in_features = 0;
 };
 

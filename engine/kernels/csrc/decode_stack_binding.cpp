@@ -12,10 +12,12 @@
 namespace meterserve {
 namespace {
 
-constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF parts
+constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF parts, -3 tiles
 constexpr int64_t kGgufParts = -2;
+constexpr int64_t kTiles = -3;
 
 // (kind, tensors): (-1, [weight]) row-major bf16 [out_features, in_features]
+// | (-3, [packed]) bf16 in amx_pack_weight's layout [out / 16, in / 32, 16, 16, 2]
 // | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 2] = (ggml type, rows) of each
 // run of one format, blocks_i its bytes as stored in the file.
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
@@ -108,6 +110,11 @@ class DecodeStack {
       const int64_t row_bytes = tensors[1].numel() / parts[0][1];
       return row_bytes * 256 / gguf_row_bytes(static_cast<int>(parts[0][0]), 256);
     }
+    if (kind == kTiles) {
+      TORCH_CHECK(tensors.size() == 1 && tensors[0].dim() == 5,
+                  "DecodeStack: a tiled linear is one amx_pack_weight tensor");
+      return tensors[0].size(1) * 32;
+    }
     TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2,
                 "DecodeStack: a linear needs a 2-D weight");
     return tensors[0].size(1);
@@ -137,8 +144,9 @@ class DecodeStack {
     w.in_features = in_features;
     for (const auto& t : tensors) keep(t);
     if (kind == kGgufParts) return gguf_linear_of(tensors, w);
-    TORCH_CHECK(kind == kDense, "DecodeStack: a linear's kind is -1 (dense) or -2 (GGUF parts), "
-                "got ", kind);
+    if (kind == kTiles) return tiled_linear_of(tensors, w);
+    TORCH_CHECK(kind == kDense, "DecodeStack: a linear's kind is -1 (dense), -2 (GGUF parts) or "
+                "-3 (tiles), got ", kind);
     TORCH_CHECK(tensors.size() == 1, "DecodeStack: a dense linear is one weight tensor");
     const auto& weight = tensors[0];
     TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == torch::kBFloat16 &&
@@ -147,6 +155,17 @@ class DecodeStack {
                 "DecodeStack: dense weight must be contiguous bfloat16 [", out_features, ", ",
                 in_features, "]");
     w.dense = data<bf16>(weight);
+    return w;
+  }
+
+  static SmallLinear tiled_linear_of(const std::vector<torch::Tensor>& tensors, SmallLinear w) {
+    const auto& packed = tensors[0];
+    TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == torch::kBFloat16 &&
+                    packed.size(0) * 16 == w.out_features && packed.size(1) * 32 == w.in_features &&
+                    packed.size(2) == 16 && packed.size(3) == 16 && packed.size(4) == 2,
+                "DecodeStack: tiled weight must be amx_pack_weight's layout of [", w.out_features,
+                ", ", w.in_features, "]");
+    w.tiles = data<bf16>(packed);
     return w;
   }
 

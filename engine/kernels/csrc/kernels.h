@@ -18,6 +18,11 @@ constexpr int64_t kSmallBatchRows = 8;
 void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
                         int64_t M, int64_t N, int64_t K);
 
+// small_batch_linear over a weight in amx_linear's tile layout (`packed`, below): the same sums
+// up to fp32 summation order, so an AMX CPU needs no row-major copy. N % 32 == 0, K % 32 == 0.
+void tile_small_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out,
+                       int64_t M, int64_t N, int64_t K);
+
 // True once this process may use AMX tiles (Linux grants them on request).
 bool amx_available();
 
