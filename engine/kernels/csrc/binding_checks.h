@@ -28,6 +28,25 @@ T* data(const torch::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
 
+// An optional linear bias, checked as contiguous bfloat16 [N]: its data, or nullptr.
+inline const bf16* bias_data(const c10::optional<torch::Tensor>& bias, int64_t N,
+                             const char* what) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
+                  bias->scalar_type() == torch::kBFloat16,
+              what, ": bias must be bfloat16 [", N, "]");
+  return data<bf16>(*bias);
+}
+
+// A weight in amx_pack_weight's tile layout [N / 16, K / 32, 16, 16, 2] for x of K columns.
+inline void check_tiles(const torch::Tensor& packed, int64_t K, const char* what) {
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == torch::kBFloat16 &&
+                  packed.is_contiguous() && packed.size(2) == 16 && packed.size(3) == 16 &&
+                  packed.size(4) == 2,
+              what, ": packed must come from amx_pack_weight");
+  TORCH_CHECK(packed.size(1) * 32 == K, what, ": K of x and weight differ");
+}
+
 // Calls fn.template operator()<T>() with T = float or bf16 from the tensor's dtype.
 template <typename Fn>
 void dispatch(const torch::Tensor& t, Fn&& fn) {

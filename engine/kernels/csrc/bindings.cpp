@@ -34,19 +34,9 @@ torch::Tensor tile_small_linear_op(const torch::Tensor& x, const torch::Tensor& 
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kSmallBatchRows &&
                   x.is_contiguous() && x.scalar_type() == torch::kBFloat16,
               "x must be contiguous bfloat16 [1..", kSmallBatchRows, ", K]");
-  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == torch::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(2) == 16 && packed.size(3) == 16 &&
-                  packed.size(4) == 2,
-              "packed must come from amx_pack_weight");
+  check_tiles(packed, x.size(1), "tile_small_linear");
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * 16;
-  TORCH_CHECK(packed.size(1) * 32 == K, "tile_small_linear: K of x and weight differ");
-  const bf16* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
-                    bias->scalar_type() == torch::kBFloat16,
-                "bias must be bfloat16 [N]");
-    bias_ptr = data<bf16>(*bias);
-  }
+  const bf16* bias_ptr = bias_data(bias, N, "tile_small_linear");
   auto out = torch::empty({M, N}, x.options());
   tile_small_linear(data<bf16>(x), data<bf16>(packed), bias_ptr, data<bf16>(out), M, N, K);
   return out;
@@ -66,19 +56,9 @@ torch::Tensor amx_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
                             const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(amx_available(), "AMX is not available to this process");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x must be bfloat16 [M, K]");
-  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == torch::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(2) == 16 && packed.size(3) == 16 &&
-                  packed.size(4) == 2,
-              "packed must come from amx_pack_weight");
+  check_tiles(packed, x.size(1), "amx_linear");
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * 16;
-  TORCH_CHECK(packed.size(1) * 32 == K, "amx_linear: K of x and weight differ");
-  const bf16* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
-                    bias->scalar_type() == torch::kBFloat16,
-                "bias must be bfloat16 [N]");
-    bias_ptr = data<bf16>(*bias);
-  }
+  const bf16* bias_ptr = bias_data(bias, N, "amx_linear");
   const int64_t padded_rows = (M + 31) / 32 * 32;
   torch::Tensor rows = x.contiguous();
   if (padded_rows != M) {

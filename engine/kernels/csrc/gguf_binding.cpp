@@ -28,13 +28,7 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
                   blocks.is_contiguous() && blocks.numel() == N * row_bytes,
               "gguf_linear: blocks must be contiguous uint8 holding out_features x ", row_bytes,
               " bytes");
-  const bf16* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
-                    bias->scalar_type() == torch::kBFloat16,
-                "gguf_linear: bias must be bfloat16 [out_features]");
-    bias_ptr = data<bf16>(*bias);
-  }
+  const bf16* bias_ptr = bias_data(bias, N, "gguf_linear");
   const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K};
   auto out = torch::empty({M, N}, x.options());
   if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {

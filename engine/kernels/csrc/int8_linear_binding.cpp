@@ -41,13 +41,7 @@ torch::Tensor int8_linear_op(const torch::Tensor& x, const torch::Tensor& packed
   TORCH_CHECK(row_sums.is_contiguous() && row_sums.scalar_type() == torch::kInt32 &&
                   row_sums.numel() == N,
               "row_sums must be contiguous int32 [N]");
-  const bf16* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N &&
-                    bias->scalar_type() == torch::kBFloat16,
-                "bias must be bfloat16 [N]");
-    bias_ptr = data<bf16>(*bias);
-  }
+  const bf16* bias_ptr = bias_data(bias, N, "int8_linear");
   const bool tiles = use_amx && M > kSmallBatchRows;
   const int64_t padded_rows = tiles ? (M + 31) / 32 * 32 : M;
   auto [x_q, x_scales] = quantize(x, padded_rows);
