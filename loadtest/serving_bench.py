@@ -28,7 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from loadtest.sse import StreamTiming, error_message
+from loadtest.http_stream import timed_stream
+from loadtest.sse import StreamTiming
 from loadtest.stats import Distribution
 from loadtest.text import TextSource, load_tokenizer
 
@@ -106,22 +107,7 @@ async def one_request(
     client: httpx.AsyncClient, cfg: BenchConfig, prompt: str, index: int = 0
 ) -> StreamTiming:
     path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
-    body = build_body(cfg, prompt, index)
-    timing = StreamTiming(sent_at=time.perf_counter())
-    try:
-        async with client.stream("POST", path, json=body) as response:
-            if response.status_code != 200:
-                timing.error = (
-                    f"HTTP {response.status_code}: {error_message(await response.aread())}"
-                )
-                return timing
-            async for line in response.aiter_lines():
-                timing.feed(line, time.perf_counter())
-    except httpx.HTTPError as exc:
-        timing.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        timing.finish(time.perf_counter())
-    return timing
+    return await timed_stream(client, path, build_body(cfg, prompt, index))
 
 
 async def run_level(

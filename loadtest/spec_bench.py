@@ -35,8 +35,9 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.http_stream import timed_stream
 from loadtest.prom import parse_metrics
-from loadtest.sse import StreamTiming, error_message
+from loadtest.sse import StreamTiming
 from loadtest.stats import Distribution
 
 WORKLOAD = Path(__file__).parent / "data" / "grounded" / "prompts.json"
@@ -126,23 +127,7 @@ def build_body(cfg: SpecBenchConfig, messages: list[dict]) -> dict:
 async def one_request(
     client: httpx.AsyncClient, cfg: SpecBenchConfig, messages: list[dict]
 ) -> StreamTiming:
-    timing = StreamTiming(sent_at=time.perf_counter())
-    try:
-        async with client.stream(
-            "POST", "/v1/chat/completions", json=build_body(cfg, messages)
-        ) as response:
-            if response.status_code != 200:
-                timing.error = (
-                    f"HTTP {response.status_code}: {error_message(await response.aread())}"
-                )
-                return timing
-            async for line in response.aiter_lines():
-                timing.feed(line, time.perf_counter())
-    except httpx.HTTPError as exc:
-        timing.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        timing.finish(time.perf_counter())
-    return timing
+    return await timed_stream(client, "/v1/chat/completions", build_body(cfg, messages))
 
 
 # ---- spec-decode counters -------------------------------------------------------------------
