@@ -58,24 +58,23 @@ inside schedule() deliver their final event through it.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
 from collections.abc import Callable
 
 from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
-from kvcache.window import num_live_blocks
 from scheduler.config import SchedulerConfig
-from scheduler.ngram_proposer import propose_ngram_drafts
+from scheduler.drafting import propose_drafts
+from scheduler.events import chunk_progress, token_event
+from scheduler.fit_errors import budget_error, unfittable_error
 from scheduler.output import (
-    ChunkProgress,
     RunnerOutput,
     ScheduledChunk,
     SchedulerOutput,
     TokenEvent,
-    TokenLogprobs,
 )
+from scheduler.prompt_logprobs import ReportedPromptLogprobs
 from scheduler.request import Request, RequestStatus
-from scheduler.stop import check_stop
+from scheduler.stop import append_until_stop
 from scheduler.waiting_queue import WaitingQueue
 
 
@@ -100,10 +99,7 @@ class Scheduler:
         self._running: list[Request] = []  # in policy order (rule 1); the tail is preempted
         self._finished_ids: list[str] = []  # since the last schedule()
         self._pending_events: list[TokenEvent] = []  # failures found in schedule()
-        # Requests that ask for prompt logprobs: positions below this have had their next
-        # prompt token's logprob reported. Kept across preemption, so a recompute reports
-        # nothing twice; dropped when the request finishes.
-        self._prompt_logprobs_reported: dict[str, int] = {}
+        self._prompt_logprobs = ReportedPromptLogprobs()  # kept across preemption
         self._num_preemptions_total = 0
         self._num_draft_backoffs_total = 0  # decodes whose rejected drafts began a backoff
         self._num_steps = 0  # outputs that computed something: SchedulerOutput.step_index
@@ -146,7 +142,7 @@ class Scheduler:
         else:
             self._waiting.mark_removed()
         self._finish(request, status, error)
-        return self._event(request, None, None)
+        return token_event(request, None, None)
 
     def fail_requests(self, request_ids: list[str], error: str) -> list[TokenEvent]:
         events = (self.abort_request(i, RequestStatus.FINISHED_ERROR, error) for i in request_ids)
@@ -232,20 +228,9 @@ class Scheduler:
     def _drafts(self, request: Request, num_new: int, room: int) -> list[int]:
         """Rule 10: a decode's draft tokens, their KV slots allocated; [] for none."""
         spec = self.config.speculative
-        params = request.sampling_params
-        if spec is None or num_new != 1 or request.draft_backoff.skips():
+        if spec is None or num_new != 1:
             return []
-        limit = min(
-            spec.num_speculative_tokens,
-            room,
-            params.max_tokens - request.num_output_tokens - 1,  # the sampled token comes last
-            self.config.max_model_len - request.num_tokens,  # the last draft's position fits
-        )
-        if limit < 1:
-            return []
-        drafts = propose_ngram_drafts(
-            request.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, limit
-        )
+        drafts = propose_drafts(request, spec, room, self.config.max_model_len)
         start = request.num_computed_tokens
         total = start + num_new + len(drafts)
         if drafts and not self.kv_cache.allocate_slots(
@@ -275,7 +260,9 @@ class Scheduler:
         ):
             if len(self._running) == 1:
                 self._running.clear()
-                self._fail_in_schedule(request, self._unfittable_error(request, start, num_tokens))
+                self._fail_in_schedule(
+                    request, unfittable_error(self.kv_cache, request, start, num_tokens)
+                )
                 return False
             victim = self._running.pop()
             self._preempt(victim)
@@ -304,7 +291,9 @@ class Scheduler:
                 if num_new <= self.config.max_num_batched_tokens:
                     return  # fits a later, emptier step (rule 6: nobody overtakes it)
                 self._waiting.pop(request)
-                self._fail_in_schedule(request, self._budget_error(request, num_new))
+                self._fail_in_schedule(
+                    request, budget_error(num_new, self.config.max_num_batched_tokens)
+                )
                 continue
             if chunked:  # unchunked, the branch above left only a whole rest that fits
                 num_new = min(num_new, budget, self.config.max_chunk_tokens)
@@ -313,7 +302,7 @@ class Scheduler:
                 if self._running:
                     return  # blocks come back as running requests finish
                 self._waiting.pop(request)  # nobody holds blocks, yet it never fits
-                error = self._unfittable_error(request, computed.num_tokens, total)
+                error = unfittable_error(self.kv_cache, request, computed.num_tokens, total)
                 self._fail_in_schedule(request, error)
                 continue
             self._waiting.pop(request)
@@ -345,7 +334,7 @@ class Scheduler:
     ) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_new
-        prompt_logprob_positions = self._prompt_logprob_positions(request, start, end)
+        prompt_logprob_positions = self._prompt_logprobs.positions(request, start, end)
         return ScheduledChunk(
             request_id=request.request_id,
             token_ids=request.token_ids[start:end] + (drafts or []),
@@ -362,40 +351,9 @@ class Scheduler:
             draft_token_ids=drafts or [],
         )
 
-    def _prompt_logprob_positions(self, request: Request, start: int, end: int) -> range:
-        """Positions of the chunk [start, end) whose next prompt token's logprob is still to
-        be reported: [start, end) ∩ [reported, num_prompt_tokens - 1), or an empty range
-        inside [start, end] (always, for a request that does not ask)."""
-        if request.sampling_params.prompt_logprobs is None:
-            return range(start, start)
-        reported = self._prompt_logprobs_reported.get(request.request_id, 0)
-        first = min(max(start, reported), end)
-        return range(first, max(first, min(end, request.num_prompt_tokens - 1)))
-
-    def _unfittable_error(self, request: Request, start: int, end: int) -> str:
-        """Why positions [start, end) of a request that alone holds blocks do not fit."""
-        kv = self.kv_cache
-        capacity = f"{kv.num_usable_blocks} blocks of {kv.block_size} tokens"
-        if kv.sliding_window is None:
-            return (
-                f"request needs {request.num_tokens} tokens of KV cache but the cache holds "
-                f"only {capacity} ({kv.num_usable_blocks * kv.block_size})"
-            )
-        need = num_live_blocks(start, end, kv.sliding_window, kv.block_size)
-        return (
-            f"request needs {need} KV blocks at once for positions {start}..{end - 1} "
-            f"(sliding window of {kv.sliding_window} tokens) but the cache holds only {capacity}"
-        )
-
-    def _budget_error(self, request: Request, num_new: int) -> str:
-        return (
-            f"request needs {num_new} tokens in one step but max_num_batched_tokens is "
-            f"{self.config.max_num_batched_tokens} and chunked prefill is disabled"
-        )
-
     def _fail_in_schedule(self, request: Request, error: str) -> None:
         self._finish(request, RequestStatus.FINISHED_ERROR, error)
-        self._pending_events.append(self._event(request, None, None))
+        self._pending_events.append(token_event(request, None, None))
 
     # ------------------------------------------------------------------------------- update
 
@@ -425,32 +383,23 @@ class Scheduler:
                 request.cache_salt,
             )
             progress = chunk.sampling_params.report_progress and output.step_index is not None
-            prompt_logprobs = self._take_prompt_logprobs(chunk, runner_output)
+            prompt_logprobs = self._prompt_logprobs.take(chunk, runner_output)
             if chunk.samples:
                 self._record_drafts(request, chunk, runner_output)
                 event = self._append_tokens(request, runner_output, now)
                 num_finished += request.is_finished
             elif progress or prompt_logprobs:
-                event = self._event(request, None, None)  # a prefill chunk: no token
+                event = token_event(request, None, None)  # a prefill chunk: no token
             else:
                 continue
             event.prompt_logprobs = prompt_logprobs
             if progress:
-                event.progress = self._progress(output, chunk, request, now, runner_output)
+                accepted = runner_output.accepted_draft_token_ids.get(chunk.request_id, ())
+                event.progress = chunk_progress(output, chunk, request, now, len(accepted))
             events.append(event)
         if num_finished:
             self._running = [request for request in self._running if not request.is_finished]
         return events
-
-    def _take_prompt_logprobs(
-        self, chunk: ScheduledChunk, runner_output: RunnerOutput
-    ) -> list[TokenLogprobs]:
-        """The chunk's prompt logprobs, its positions marked reported (before the request can
-        finish and drop its mark)."""
-        if not chunk.num_prompt_logprob_rows:
-            return []
-        self._prompt_logprobs_reported[chunk.request_id] = chunk.prompt_logprobs_end
-        return runner_output.prompt_logprobs.get(chunk.request_id, [])
 
     def _record_drafts(
         self, request: Request, chunk: ScheduledChunk, runner_output: RunnerOutput
@@ -472,19 +421,16 @@ class Scheduler:
         token_id = runner_output.sampled_token_ids.get(request_id)
         if token_id is None:
             self._finish(request, RequestStatus.FINISHED_ERROR, "model runner sampled no token")
-            return self._event(request, None, None)
+            return token_event(request, None, None)
         accepted = runner_output.accepted_draft_token_ids.get(request_id, [])
         logprobs = runner_output.accepted_logprobs.get(request_id, [])
         last = runner_output.logprobs.get(request_id)
         logprobs = logprobs + [last] if last is not None else logprobs
-        appended: list[int] = []
-        for token in [*accepted, token_id]:
-            request.token_ids.append(token)
-            appended.append(token)
-            status = check_stop(request, token, self.config.max_model_len)
-            if status is not None:
-                self._finish(request, status, None)
-                break
+        appended, status = append_until_stop(
+            request, [*accepted, token_id], self.config.max_model_len
+        )
+        if status is not None:
+            self._finish(request, status, None)
         if not request.is_finished:
             request.num_computed_tokens += len(accepted)
         times = request.times
@@ -492,34 +438,10 @@ class Scheduler:
         if times.first_token is None:
             times.first_token = now
         times.last_token = now
-        event = self._event(request, appended, now)
+        event = token_event(request, appended, now)
         event.previous_token_at = previous
         event.logprobs.extend(logprobs[: len(appended)])
         return event
-
-    def _progress(
-        self,
-        output: SchedulerOutput,
-        chunk: ScheduledChunk,
-        request: Request,
-        now: float,
-        runner_output: RunnerOutput,
-    ) -> ChunkProgress:
-        assert output.step_index is not None
-        return ChunkProgress(
-            step_index=output.step_index,
-            is_decode=chunk.is_decode,
-            start_position=chunk.start_position,
-            num_new_tokens=len(chunk.token_ids),
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_scheduled_requests=len(output.chunks),
-            computed_at=now,
-            cost=dataclasses.replace(request.cost),
-            num_draft_tokens=chunk.num_draft_tokens,
-            num_accepted_draft_tokens=len(
-                runner_output.accepted_draft_token_ids.get(chunk.request_id, ())
-            ),
-        )
 
     # ------------------------------------------------------------------------------- finish
 
@@ -530,27 +452,9 @@ class Scheduler:
         request.error = error
         request.times.finished = self._clock()
         self.kv_cache.free(request.request_id)
-        self._prompt_logprobs_reported.pop(request.request_id, None)
+        self._prompt_logprobs.forget(request.request_id)
         del self._requests[request.request_id]
         self._finished_ids.append(request.request_id)
-
-    def _event(
-        self, request: Request, token_ids: list[int] | None, now: float | None
-    ) -> TokenEvent:
-        finished = request.is_finished
-        return TokenEvent(
-            request_id=request.request_id,
-            new_token_ids=token_ids or [],
-            finish_reason=request.finish_reason,
-            error=request.error,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=request.num_cached_tokens,
-            num_output_tokens=request.num_output_tokens,
-            produced_at=now,
-            arrival_time=request.arrival_time,
-            times=request.times if finished else None,
-            cost=request.cost if finished else None,
-        )
 
 
 def _chunk_order(chunk: ScheduledChunk) -> int:

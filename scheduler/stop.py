@@ -22,3 +22,16 @@ def check_stop(request: Request, token_id: int, max_model_len: int) -> RequestSt
     if request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+def append_until_stop(
+    request: Request, token_ids: list[int], max_model_len: int
+) -> tuple[list[int], RequestStatus | None]:
+    """Append token_ids in order, checking check_stop after each; tokens after the first that
+    stops the request are dropped. Returns (the tokens appended, the finished status or None)."""
+    for count, token_id in enumerate(token_ids, start=1):
+        request.token_ids.append(token_id)
+        status = check_stop(request, token_id, max_model_len)
+        if status is not None:
+            return token_ids[:count], status
+    return list(token_ids), None
