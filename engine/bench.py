@@ -31,6 +31,7 @@ from engine.co_tenant import co_tenant
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.loader import hf_checkpoint_dir
+from engine.model_runner import resolve_dtype
 from scheduler.sampling_params import SamplingParams, SamplingParamsError
 
 PASSAGE = (
@@ -62,7 +63,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="measure beside a process that keeps one core busy (engine/co_tenant.py)",
     )
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the CPU computes it natively, else float32 (as serve does)",
+    )
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=128)
@@ -214,6 +220,7 @@ def _hf_generate(model, input_ids: torch.Tensor, new_tokens: int, args) -> torch
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv or [])
     args.model = model_path(args)
+    args.dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")  # HF runs the same
     llm = make_llm(args)
     prompts = make_prompts(llm.tokenizer, args.num_requests, args.prompt_tokens)
     figures: dict[str, float | int | str | None] = {

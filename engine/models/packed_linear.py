@@ -32,7 +32,14 @@ SMALL_BATCH_ROWS = 4
 
 
 def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether oneDNN can hold bf16 weights packed: it needs AVX512-BW/VL/DQ (or AVX-NE-CONVERT);
+    on an AVX2-only CPU bf16 layers stay plain nn.Linear (torch converts per call)."""
+    mkldnn = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_linear_pointwise")
+        and mkldnn._is_mkldnn_bf16_supported()
+    )
 
 
 class PackedLinear(nn.Module):

@@ -30,9 +30,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
 from meter_queries import RULE_FILES, Query, dashboard_queries, rule_queries
 from prometheus_client.parser import text_string_to_metric_families
+
+from engine.model_runner import resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "meterserve-e2e"
@@ -494,10 +497,12 @@ def test_a_single_streams_decode_passes_count_no_more_bytes_than_they_read(stack
         {k: v for k, v in after.items() if ("path", "small_batch") in k[1]},
         "meterserve_model_weight_bytes",
     )
-    # SmolLM2-135M: 30 layers x K,V x 3 KV heads x 64 dims x 2 bytes = 23,040 bytes per token.
-    kv_per_token = 30 * 2 * 3 * 64 * 2
+    # SmolLM2-135M: 30 layers x K,V x 3 KV heads x 64 dims x 2 bytes = 23,040 bytes per token
+    # in bf16; 4 bytes an element where the server's dtype "auto" is float32 (no AVX512-BF16).
+    element = torch.empty(0, dtype=resolve_dtype("auto")).element_size()
+    kv_per_token = 30 * 2 * 3 * 64 * element
     context = usage["prompt_tokens"] + usage["completion_tokens"]
-    bound = weights + (context + 1) * kv_per_token + 576 * 2
+    bound = weights + (context + 1) * kv_per_token + 576 * element
     assert 0 < per_pass <= bound, (per_pass, weights, bound)
     # MBU itself is not asserted below 1: the 96 MB model fits in the last-level cache, so a
     # pass can read faster than the measured DRAM peak (docs/metrics.md says so).

@@ -298,10 +298,12 @@ def test_sparse_moe_matches_the_hugging_face_block(family: str, dtype: torch.dty
         ours = _sparse_moe(shape, block, make_layer_ops(ops_kernels), dtype)
         got = ours.forward(x)
         assert ours.num_experts_run == len(picked)
-        if dtype == torch.bfloat16 or ops_kernels is None:
+        if dtype == torch.bfloat16 or (ops_kernels is None and kernels is not None):
             assert torch.equal(got, want)
-        else:  # the kernels' float32 silu differs from torch's in the last bit
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        else:
+            # The kernels' float32 silu differs from torch's in the last bit; on a CPU without
+            # AVX-512, HF's float32 grouped_mm sums in another order than torch's per-expert mm.
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _sparse_moe(shape: LlamaShape, block, ops, dtype: torch.dtype) -> SparseMoE:
