@@ -20,7 +20,7 @@ from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.draft_verification import sample_row_chunks, verify
 from engine.forward_batch import build_lists, to_tensors
-from engine.kernels import load_cpu_kernels
+from engine.kernels import load_avx2_kernels, load_cpu_kernels
 from engine.loader import LoadedCheckpoint, ModelLoadError
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
@@ -134,8 +134,12 @@ class ModelRunner:
         self.num_params = _count_params(self.model)
         # A GGUF model's linear layers that read the file's blocks with the native kernels.
         gguf_kernels = self.kernels if config.gguf_matvec else None
+        f32_gguf = self.dtype == torch.float32 and checkpoint.gguf_path is not None
+        avx2 = (
+            load_avx2_kernels() if f32_gguf and config.gguf_matvec and config.cpu_kernels else None
+        )
         self.num_gguf_matvec_layers = prepare_gguf_modules(
-            self.model, gguf_kernels, self.dtype, config.gguf_large_batch == "bf16"
+            self.model, gguf_kernels, self.dtype, config.gguf_large_batch == "bf16", avx2
         )
         if int8:
             del self.model.on_linear_loaded

@@ -4,6 +4,12 @@ load_cpu_kernels() returns the compiled module, or None when this CPU or machine
 or run them (no AVX512-BF16, no C++ compiler, METERSERVE_CPU_KERNELS=0); callers then use the
 plain-torch path, which is also the reference every kernel is tested against.
 
+load_avx2_kernels() returns a second, small module (csrc_avx2/) for CPUs with AVX2 + FMA + F16C
+(every x86 CPU the AVX-512 one needs, and those without AVX-512: AMD Zen 2/3, older Xeons): the
+float32 GGUF path (gguf_matvec_f32, gguf_dequantize_f32), so such a CPU serves a GGUF from its
+blocks. It is built with explicit ISA flags, not -march=native, so it computes the same sums
+on every CPU.
+
 The build runs once per source version and CPU, in $METERSERVE_CACHE_DIR/kernels (default
 ~/.cache/meterserve/kernels), guarded by torch's file lock so concurrent processes wait for one
 build (~40 s on two cores) instead of racing.
@@ -58,6 +64,10 @@ HEADERS = [
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 ENV_SWITCH = "METERSERVE_CPU_KERNELS"
+AVX2_SOURCE_DIR = Path(__file__).parent / "csrc_avx2"
+AVX2_SOURCES = ["gguf_f32.cpp"]
+AVX2_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++17"]
+AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 
 @functools.cache
@@ -77,28 +87,51 @@ def load_cpu_kernels():
         return None
 
 
-def _build():
+@functools.cache
+def load_avx2_kernels():
+    """The AVX2 module (module docstring), or None (reason logged once)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    flags = _cpu_flags().split()
+    missing = [flag for flag in AVX2_CPU_FLAGS if flag not in flags]
+    if missing:
+        log.info("AVX2 kernels unavailable: this CPU lacks %s", ", ".join(missing))
+        return None
+    try:
+        return _build("meterserve_avx2_kernels", AVX2_SOURCE_DIR, AVX2_SOURCES, [], AVX2_CFLAGS)
+    except Exception as exc:  # noqa: BLE001 - as load_cpu_kernels
+        log.warning("AVX2 kernels failed to build, using plain torch: %s", str(exc)[-500:])
+        return None
+
+
+def _build(
+    name: str = "meterserve_cpu_kernels",
+    source_dir: Path = SOURCE_DIR,
+    sources: list[str] = SOURCES,
+    headers: list[str] = HEADERS,
+    cflags: list[str] = CFLAGS,
+):
     _put_ninja_on_path()
     from torch.utils.cpp_extension import load
 
     from engine.loader import cache_root
 
-    build_dir = cache_root() / "kernels" / _source_digest()
+    build_dir = cache_root() / "kernels" / _source_digest(source_dir, sources + headers, cflags)
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
-        name="meterserve_cpu_kernels",
-        sources=[str(SOURCE_DIR / name) for name in SOURCES],
-        extra_cflags=CFLAGS,
+        name=name,
+        sources=[str(source_dir / s) for s in sources],
+        extra_cflags=cflags,
         extra_ldflags=["-fopenmp"],
         build_directory=str(build_dir),
         verbose=False,
     )
 
 
-def _source_digest() -> str:
-    digest = hashlib.sha256(" ".join(CFLAGS).encode())
-    for name in SOURCES + HEADERS:
-        digest.update((SOURCE_DIR / name).read_bytes())
+def _source_digest(source_dir: Path, files: list[str], cflags: list[str]) -> str:
+    digest = hashlib.sha256(" ".join(cflags).encode())
+    for name in files:
+        digest.update((source_dir / name).read_bytes())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
 

@@ -7,10 +7,14 @@ outputs are concatenated. prepare_gguf_modules() picks the path once, at load:
 - bfloat16 with the native kernels: kernels.gguf_linear reads each part's blocks as stored, at
   every number of rows (no float copy of the weight exists); a float part (F32/F16/BF16 in the
   file) is kept in the model's dtype and multiplied by F.linear;
-- float32 (the exactness tests against Hugging Face), no kernels, or EngineConfig.gguf_matvec
-  off: the layer becomes a plain nn.Linear whose weight is the blocks dequantized once into the
-  model's dtype (engine/gguf_blocks.py's dequantize, equal to gguf-py's), the blocks dropped;
-  in bfloat16 the runner then packs it like any bf16 layer. Each layer holds one copy.
+- float32 with the AVX2 kernels (any x86 CPU with AVX2 + FMA + F16C: the dtype "auto" picks
+  on CPUs without AVX512-BF16): 1-8 rows read the blocks with avx2.gguf_matvec_f32 (the exact
+  weights, fp32 sums); larger passes dequantize the part per call (gguf_dequantize_f32, equal
+  to the reference) and multiply with F.linear, so only the blocks stay resident;
+- otherwise (no kernels, or EngineConfig.gguf_matvec off): the layer becomes a plain
+  nn.Linear whose weight is the blocks dequantized once into the model's dtype
+  (engine/gguf_blocks.py's dequantize, equal to gguf-py's), the blocks dropped; in bfloat16
+  the runner then packs it like any bf16 layer. Each layer holds one copy.
 A GGUFLinear that was never prepared dequantizes its parts on every call (the plain reference).
 
 GGUFEmbedding keeps a quantized token embedding as blocks and dequantizes only the rows a step
@@ -43,6 +47,7 @@ class GGUFLinear(nn.Module):
         self.bias = bias
         self.dtype = dtype
         self.kernels = None  # set by use_kernels(); None: dequantize per call
+        self.avx2 = None  # set by use_avx2_kernels() (float32)
         # With EngineConfig.gguf_large_batch "bf16": the weight dequantized to bf16 once, in the
         # large-batch layout of a bf16 layer, for passes of more than SMALL_BATCH_ROWS rows
         # (measured: the block panels are several times slower than those tiles at 64 rows).
@@ -56,6 +61,11 @@ class GGUFLinear(nn.Module):
         if large_batch_bf16:
             self.large = PackedLinear(self.to_linear(), kernels)
             self.large.weight = None  # its row-major copy: small batches read the blocks
+
+    def use_avx2_kernels(self, avx2) -> None:
+        """float32: read the blocks with the AVX2 kernels from now on; float parts in float32."""
+        self.avx2 = avx2
+        self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
 
     def to_linear(self) -> nn.Linear:
         """An nn.Linear holding this weight dequantized into the dtype (one part's float32
@@ -81,7 +91,13 @@ class GGUFLinear(nn.Module):
         if self._large_path(num_rows):
             return self.large.bytes_read(num_rows)
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        return sum(_part_bytes(p) for p in self.parts) + bias
+        weights = sum(_part_bytes(p) for p in self.parts)
+        if self._avx2_dequantizes(num_rows):  # the matmul also reads the float32 weights
+            weights += sum(_float_bytes(p) for p in self.parts if not isinstance(p, torch.Tensor))
+        return weights + bias
+
+    def _avx2_dequantizes(self, num_rows: int) -> bool:
+        return self.avx2 is not None and num_rows > self.avx2.max_rows
 
     def _large_path(self, num_rows: int) -> bool:
         return self.large is not None and num_rows > packed_linear.SMALL_BATCH_ROWS
@@ -99,6 +115,8 @@ class GGUFLinear(nn.Module):
     def _part(self, flat: torch.Tensor, part: GGUFBlocks | torch.Tensor) -> torch.Tensor:
         if isinstance(part, torch.Tensor):
             return F.linear(flat, part)
+        if self.avx2 is not None:
+            return self._avx2_part(flat, part)
         if self.kernels is None:
             return F.linear(flat, part.dequantize().to(flat.dtype))
         # Single calls take the small-batch kernel up to packed_linear.SMALL_BATCH_ROWS rows,
@@ -108,6 +126,12 @@ class GGUFLinear(nn.Module):
         return self.kernels.gguf_linear(
             flat.contiguous(), part.blocks, part.kind, part.rows, small_rows=small
         )
+
+    def _avx2_part(self, flat: torch.Tensor, part: GGUFBlocks) -> torch.Tensor:
+        if flat.shape[0] <= self.avx2.max_rows:
+            return self.avx2.gguf_matvec_f32(flat.contiguous(), part.blocks, part.kind, part.rows)
+        weight = self.avx2.gguf_dequantize_f32(part.blocks, part.kind, part.rows, part.cols)
+        return F.linear(flat, weight)
 
 
 class GGUFEmbedding(nn.Module):
@@ -128,12 +152,15 @@ class GGUFEmbedding(nn.Module):
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 
 
-def prepare_gguf_modules(model: nn.Module, kernels, dtype, large_batch_bf16: bool = False) -> int:
+def prepare_gguf_modules(
+    model: nn.Module, kernels, dtype, large_batch_bf16: bool = False, avx2=None
+) -> int:
     """Pick every GGUFLinear's path (module docstring): kernels.gguf_linear in bfloat16 when
-    `kernels` has it (with a bf16 copy for large batches when large_batch_bf16), else an
-    nn.Linear of the dequantized weight, swapped in one layer at a time. Returns how many
-    layers read their blocks."""
+    `kernels` has it (with a bf16 copy for large batches when large_batch_bf16), the `avx2`
+    kernels in float32, else an nn.Linear of the dequantized weight, swapped in one layer at a
+    time. Returns how many layers read their blocks."""
     native = dtype == torch.bfloat16 and kernels is not None and hasattr(kernels, "gguf_linear")
+    avx2 = avx2 if dtype == torch.float32 else None
     parents = [m for m in model.modules() if any(isinstance(c, GGUFLinear) for c in m.children())]
     count = 0
     for parent in parents:
@@ -142,6 +169,9 @@ def prepare_gguf_modules(model: nn.Module, kernels, dtype, large_batch_bf16: boo
                 continue
             if native:
                 child.use_kernels(kernels, large_batch_bf16)
+                count += 1
+            elif avx2 is not None:
+                child.use_avx2_kernels(avx2)
                 count += 1
             else:
                 setattr(parent, name, child.to_linear())
@@ -154,6 +184,10 @@ def _float_part_in(part: GGUFBlocks, dtype) -> GGUFBlocks | torch.Tensor:
 
 def _dequantized(part: GGUFBlocks | torch.Tensor) -> torch.Tensor:
     return part if isinstance(part, torch.Tensor) else part.dequantize()
+
+
+def _float_bytes(part: GGUFBlocks) -> int:
+    return part.rows * part.cols * 4
 
 
 def _part_bytes(part: GGUFBlocks | torch.Tensor) -> int:
