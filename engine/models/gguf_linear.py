@@ -8,9 +8,10 @@ outputs are concatenated. prepare_gguf_modules() picks the path once, at load:
   every number of rows (no float copy of the weight exists); a float part (F32/F16/BF16 in the
   file) is kept in the model's dtype and multiplied by F.linear;
 - float32 with the AVX2 kernels (any x86 CPU with AVX2 + FMA + F16C: the dtype "auto" picks
-  on CPUs without AVX512-BF16): 1-8 rows read the blocks with avx2.gguf_matvec_f32 (the exact
-  weights, fp32 sums); larger passes dequantize the part per call (gguf_dequantize_f32, equal
-  to the reference) and multiply with F.linear, so only the blocks stay resident;
+  on CPUs without AVX512-BF16): 1-8 rows read the blocks with avx2.gguf_matvec_f32, 9-64 with
+  avx2.gguf_panel_f32 (the exact weights, fp32 sums); larger passes dequantize the part per
+  call (gguf_dequantize_f32, equal to the reference) and multiply with F.linear, so only the
+  blocks stay resident;
 - otherwise (no kernels, or EngineConfig.gguf_matvec off): the layer becomes a plain
   nn.Linear whose weight is the blocks dequantized once into the model's dtype
   (engine/gguf_blocks.py's dequantize, equal to gguf-py's), the blocks dropped; in bfloat16
@@ -30,6 +31,12 @@ from torch.nn import functional as F
 from engine.gguf_tensors import GGUFBlocks
 from engine.models import packed_linear
 from engine.models.packed_linear import PackedLinear
+
+# float32 on the AVX2 kernels: 9 to this many rows take the panel kernel (each 4-row weight panel
+# dequantized once per call into a thread's buffer); more dequantize the part per call for
+# torch's matmul. Measured on a 2-core AMD EPYC (Zen 3), Q4_1 1536x576 and 576x1536: the panels
+# are 0.9-0.6x the time of that at 9-64 rows, about equal at 128, 1.15x at 512.
+AVX2_PANEL_ROWS = 64
 
 
 class GGUFLinear(nn.Module):
@@ -97,7 +104,7 @@ class GGUFLinear(nn.Module):
         return weights + bias
 
     def _avx2_dequantizes(self, num_rows: int) -> bool:
-        return self.avx2 is not None and num_rows > self.avx2.max_rows
+        return self.avx2 is not None and num_rows > AVX2_PANEL_ROWS
 
     def _large_path(self, num_rows: int) -> bool:
         return self.large is not None and num_rows > packed_linear.SMALL_BATCH_ROWS
@@ -128,8 +135,11 @@ class GGUFLinear(nn.Module):
         )
 
     def _avx2_part(self, flat: torch.Tensor, part: GGUFBlocks) -> torch.Tensor:
-        if flat.shape[0] <= self.avx2.max_rows:
+        rows = flat.shape[0]
+        if rows <= self.avx2.max_rows:
             return self.avx2.gguf_matvec_f32(flat.contiguous(), part.blocks, part.kind, part.rows)
+        if rows <= AVX2_PANEL_ROWS:
+            return self.avx2.gguf_panel_f32(flat.contiguous(), part.blocks, part.kind, part.rows)
         weight = self.avx2.gguf_dequantize_f32(part.blocks, part.kind, part.rows, part.cols)
         return F.linear(flat, weight)
 

@@ -1,6 +1,6 @@
 """The AVX2 GGUF kernels (engine/kernels/csrc_avx2) against engine/gguf_blocks.py's plain-torch
 dequantize (STYLE 11), per format: gguf_dequantize_f32 equal bit for bit, gguf_matvec_f32 at
-every row count it serves equal to x @ w.T up to fp32 summation order.
+every row count it serves and gguf_panel_f32 at any equal to x @ w.T up to fp32 summation order.
 
 They run on every x86 CPU with AVX2 + FMA + F16C (AVX-512 machines too), so CI tests them
 everywhere; the serving path uses them only for float32 GGUF models.
@@ -41,6 +41,19 @@ def test_matvec_matches_the_exact_weights(kind, rows) -> None:
     torch.testing.assert_close(got, x @ weights.T + bias, **F32_TOLERANCE)
     torch.testing.assert_close(avx2.gguf_matvec_f32(x, blocks, kind, ROWS), x @ weights.T,
                                **F32_TOLERANCE)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 9, 11, 64])
+def test_panels_match_the_exact_weights(kind, rows) -> None:
+    """Any row count (remainders of the 3-row blocks) and N not a multiple of the 4-row panels."""
+    n = ROWS - 3
+    blocks = make_blocks(kind, n, COLS, seed=rows + 7)
+    torch.manual_seed(rows)
+    x, bias = torch.randn(rows, COLS), torch.randn(n)
+    weights = gguf_blocks.dequantize(kind, blocks, COLS)
+    got = avx2.gguf_panel_f32(x, blocks, kind, n, bias)
+    torch.testing.assert_close(got, x @ weights.T + bias, **F32_TOLERANCE)
 
 
 def test_matvec_rejects_what_it_cannot_read() -> None:

@@ -7,7 +7,9 @@
 //                        x: each weight row's blocks are read once, dequantized in registers
 //                        to those same exact weights, and multiplied into every row (fp32
 //                        sums, 8 lanes, then a horizontal sum); threads split the weight rows.
-// Larger batches dequantize per call and multiply with torch (GGUFLinear decides).
+//   gguf_panel_f32:      the same product for any M, over weight panels dequantized once per
+//                        call (below).
+// GGUFLinear picks by row count; the largest passes dequantize per call into torch's matmul.
 //
 // The block layouts are ggml's (engine/gguf_blocks.py's table); the AVX-512 kernels' decoders
 // (csrc/gguf_blocks.h) read the same bytes with AVX-512 masks, which this file cannot use.
@@ -15,7 +17,9 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -232,6 +236,65 @@ void matvec_rows(const float* x, const uint8_t* blocks, int64_t N, int64_t K, co
 
 constexpr int64_t kMaxRows = 8;
 
+// Any M: threads take panels of kPanel weight rows, dequantize each panel once into a
+// thread-local buffer [kPanel, K] (the exact weights; K <= ~2,000 keeps it in L1/L2), then
+// multiply it into every input row, kXRows rows at a time (a kPanel x kXRows block of fma
+// chains: 12 accumulators + 4 + 3 loads per step fit AVX2's 16 registers).
+constexpr int kPanel = 4, kXRows = 3;
+
+template <int R>
+inline void panel_dot(const float* panel, const float* x, int64_t K, int64_t M, int64_t m,
+                      float out[kPanel][kXRows]) {
+  __m256 acc[kPanel][R];
+  for (int i = 0; i < kPanel; ++i)
+    for (int j = 0; j < R; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 xs[R];
+#pragma GCC unroll 3
+    for (int j = 0; j < R; ++j) xs[j] = _mm256_loadu_ps(x + (m + j) * K + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < kPanel; ++i) {
+      const __m256 w = _mm256_loadu_ps(panel + i * K + k);
+#pragma GCC unroll 3
+      for (int j = 0; j < R; ++j) acc[i][j] = _mm256_fmadd_ps(w, xs[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < kPanel; ++i)
+    for (int j = 0; j < R; ++j) out[i][j] = hsum(acc[i][j]);
+  (void)M;
+}
+
+template <class F>
+void panel_rows(const float* x, const uint8_t* blocks, int64_t N, int64_t K, int64_t M,
+                const float* bias, float* out) {
+  const int64_t row_bytes = K / F::kWeights * F::kBytes;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+#pragma omp parallel
+  {
+    std::vector<float> panel(kPanel * K, 0.0f);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t n0 = p * kPanel, rows = std::min<int64_t>(kPanel, N - n0);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* w_row = panel.data() + i * K;
+        for_each_sub_block<F>(blocks + (n0 + i) * row_bytes, K, [&](int64_t b, const __m256 w[4]) {
+          for (int v = 0; v < 4; ++v) _mm256_storeu_ps(w_row + b * 32 + 8 * v, w[v]);
+        });
+      }
+      float sums[kPanel][kXRows];
+      for (int64_t m = 0; m < M; m += kXRows) {
+        const int64_t r = std::min<int64_t>(kXRows, M - m);
+        if (r == 3) panel_dot<3>(panel.data(), x, K, M, m, sums);
+        else if (r == 2) panel_dot<2>(panel.data(), x, K, M, m, sums);
+        else panel_dot<1>(panel.data(), x, K, M, m, sums);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < r; ++j)
+            out[(m + j) * N + n0 + i] = sums[i][j] + (bias ? bias[n0 + i] : 0.0f);
+      }
+    }
+  }
+}
+
 int64_t row_bytes(int64_t kind, int64_t K) {
   return dispatch(static_cast<int>(kind), [&](auto format) -> int64_t {
     using F = decltype(format);
@@ -245,6 +308,14 @@ void check_blocks(const torch::Tensor& blocks, int64_t N, int64_t bytes) {
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 &&
                   blocks.is_contiguous() && blocks.numel() == N * bytes,
               "gguf (AVX2): blocks must be contiguous uint8 holding ", N, " x ", bytes, " bytes");
+}
+
+const float* checked_bias(const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
+                  bias->numel() == N,
+              "gguf (AVX2): bias must be contiguous float32 [N]");
+  return bias->data_ptr<float>();
 }
 
 torch::Tensor gguf_dequantize_f32(const torch::Tensor& blocks, int64_t kind, int64_t N,
@@ -267,6 +338,22 @@ torch::Tensor gguf_dequantize_f32(const torch::Tensor& blocks, int64_t kind, int
   return out;
 }
 
+torch::Tensor gguf_panel_f32(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                             int64_t N, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kFloat32 &&
+                  x.is_contiguous(),
+              "gguf_panel_f32: x must be contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_blocks(blocks, N, row_bytes(kind, K));
+  const float* bias_ptr = checked_bias(bias, N);
+  auto out = torch::empty({M, N}, torch::kFloat32);
+  dispatch(static_cast<int>(kind), [&](auto format) {
+    panel_rows<decltype(format)>(x.data_ptr<float>(), blocks.data_ptr<uint8_t>(), N, K, M,
+                                 bias_ptr, out.data_ptr<float>());
+  });
+  return out;
+}
+
 torch::Tensor gguf_matvec_f32(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
                               int64_t N, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxRows &&
@@ -274,13 +361,7 @@ torch::Tensor gguf_matvec_f32(const torch::Tensor& x, const torch::Tensor& block
               "gguf_matvec_f32: x must be contiguous float32 [1..", kMaxRows, ", K]");
   const int64_t M = x.size(0), K = x.size(1);
   check_blocks(blocks, N, row_bytes(kind, K));
-  const float* bias_ptr = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
-                    bias->numel() == N,
-                "gguf_matvec_f32: bias must be contiguous float32 [N]");
-    bias_ptr = bias->data_ptr<float>();
-  }
+  const float* bias_ptr = checked_bias(bias, N);
   auto out = torch::empty({M, N}, torch::kFloat32);
   const float* xs = x.data_ptr<float>();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
@@ -306,6 +387,10 @@ torch::Tensor gguf_matvec_f32(const torch::Tensor& x, const torch::Tensor& block
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_matvec_f32", &gguf_matvec_f32,
         "x[M <= 8, K] float32 @ w.T (+ bias), w = ggml blocks as stored (exact weights)",
+        py::arg("x"), py::arg("blocks"), py::arg("kind"), py::arg("out_features"),
+        py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_panel_f32", &gguf_panel_f32,
+        "x[M, K] float32 @ w.T (+ bias) for any M: weight panels dequantized once per call",
         py::arg("x"), py::arg("blocks"), py::arg("kind"), py::arg("out_features"),
         py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("gguf_dequantize_f32", &gguf_dequantize_f32,
