@@ -57,15 +57,15 @@ inside schedule() deliver their final event through it.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 
 from kvcache.kv_cache_manager import ComputedBlocks, KVCacheManager
+from scheduler.admission import admit_head
 from scheduler.config import SchedulerConfig
-from scheduler.drafting import propose_drafts
+from scheduler.drafting import record_drafts, scheduled_drafts
 from scheduler.events import chunk_progress, token_event
-from scheduler.fit_errors import budget_error, unfittable_error
+from scheduler.fit_errors import unfittable_error
 from scheduler.output import (
     RunnerOutput,
     ScheduledChunk,
@@ -74,7 +74,9 @@ from scheduler.output import (
 )
 from scheduler.prompt_logprobs import ReportedPromptLogprobs
 from scheduler.request import Request, RequestStatus
-from scheduler.stop import append_until_stop
+from scheduler.running_list import Fit, RunningList
+from scheduler.sampled_tokens import append_sampled_tokens
+from scheduler.scheduled_chunks import chunk_order, scheduled_chunk
 from scheduler.waiting_queue import WaitingQueue
 
 
@@ -96,11 +98,10 @@ class Scheduler:
         self._clock = clock
         self._requests: dict[str, Request] = {}  # unfinished requests only
         self._waiting = WaitingQueue(config.policy)
-        self._running: list[Request] = []  # in policy order (rule 1); the tail is preempted
+        self._running = RunningList(config.policy, kv_cache, self._waiting)  # rules 1 and 4
         self._finished_ids: list[str] = []  # since the last schedule()
         self._pending_events: list[TokenEvent] = []  # failures found in schedule()
         self._prompt_logprobs = ReportedPromptLogprobs()  # kept across preemption
-        self._num_preemptions_total = 0
         self._num_draft_backoffs_total = 0  # decodes whose rejected drafts began a backoff
         self._num_steps = 0  # outputs that computed something: SchedulerOutput.step_index
         self._queried_seen = kv_cache.prefix_cache_queried_tokens
@@ -167,7 +168,7 @@ class Scheduler:
 
     @property
     def num_preemptions_total(self) -> int:
-        return self._num_preemptions_total
+        return self._running.num_preemptions_total
 
     @property
     def num_draft_backoffs_total(self) -> int:
@@ -186,7 +187,7 @@ class Scheduler:
         if chunks:
             self._num_steps += 1
         output = SchedulerOutput(
-            chunks=sorted(chunks, key=_chunk_order),
+            chunks=sorted(chunks, key=chunk_order),
             preempted_request_ids=preempted,
             finished_request_ids=self._finished_ids,
             num_waiting=len(self._waiting),
@@ -206,7 +207,7 @@ class Scheduler:
     def _schedule_running(
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[str]
     ) -> int:
-        decodes_behind = self._decodes_behind()
+        decodes_behind = self._running.decodes_behind()
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
@@ -217,7 +218,8 @@ class Scheduler:
                     i += 1
                     continue
             total = request.num_computed_tokens + num_new
-            drafts = self._drafts(request, num_new, budget - 1 - decodes_behind[i])
+            room = budget - 1 - decodes_behind[i]
+            drafts = scheduled_drafts(request, num_new, room, self.config, self.kv_cache)
             if not drafts and not self._allocate_or_preempt(request, total, preempted):
                 break  # the request itself left the running list; it was the tail
             chunks.append(self._chunk(request, num_new, drafts))
@@ -225,98 +227,31 @@ class Scheduler:
             i += 1
         return budget
 
-    def _drafts(self, request: Request, num_new: int, room: int) -> list[int]:
-        """Rule 10: a decode's draft tokens, their KV slots allocated; [] for none."""
-        spec = self.config.speculative
-        if spec is None or num_new != 1:
-            return []
-        drafts = propose_drafts(request, spec, room, self.config.max_model_len)
-        start = request.num_computed_tokens
-        total = start + num_new + len(drafts)
-        if drafts and not self.kv_cache.allocate_slots(
-            request.request_id, total, num_computed_tokens=start
-        ):
-            return []
-        return drafts
-
-    def _decodes_behind(self) -> list[int]:
-        """decodes_behind[i]: running requests after position i with one token to compute.
-        Preemption only shortens the list from the tail, so the counts stay upper bounds."""
-        counts = [0] * len(self._running)
-        behind = 0
-        for i in range(len(self._running) - 1, -1, -1):
-            counts[i] = behind
-            request = self._running[i]
-            behind += request.num_tokens - request.num_computed_tokens == 1
-        return counts
-
     def _allocate_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
-        """Rule 4: preempt from the tail until `request` fits; False if it was preempted or
-        failed (rule 8). Victims are never already scheduled this step: the tail lies at or
-        after the request being scheduled. Rule 9: the chunk starts at num_computed_tokens."""
-        start = request.num_computed_tokens
-        while not self.kv_cache.allocate_slots(
-            request.request_id, num_tokens, num_computed_tokens=start
-        ):
-            if len(self._running) == 1:
-                self._running.clear()
-                self._fail_in_schedule(
-                    request, unfittable_error(self.kv_cache, request, start, num_tokens)
-                )
-                return False
-            victim = self._running.pop()
-            self._preempt(victim)
-            preempted.append(victim.request_id)
-            if victim is request:
-                return False
-        return True
-
-    def _preempt(self, request: Request) -> None:
-        self.kv_cache.free(request.request_id)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.PREEMPTED
-        request.num_preemptions += 1
-        self._num_preemptions_total += 1
-        self._waiting.add_preempted(request)
+        """Rule 4 (RunningList.allocate_or_preempt); False if the request was preempted, or
+        failed because it alone does not fit (rule 8)."""
+        fit = self._running.allocate_or_preempt(request, num_tokens, preempted)
+        if fit is Fit.ALONE:
+            start = request.num_computed_tokens  # unchanged: only others were preempted
+            error = unfittable_error(self.kv_cache, request, start, num_tokens)
+            self._fail_in_schedule(request, error)
+        return fit is Fit.FITS
 
     def _schedule_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> None:
-        chunked = self.config.enable_chunked_prefill
         while budget > 0 and len(self._running) < self.config.max_num_seqs:
-            request = self._waiting.peek(self._num_running_of)
+            request = self._waiting.peek(self._running.num_of_tenant)
             if request is None or self.kv_cache.num_free_blocks == 0:
                 return  # a hit is whole blocks and never the last token: 1 new block at least
-            computed = self._computed_blocks(request)
-            num_new = request.num_tokens - computed.num_tokens
-            if num_new > budget and not chunked:
-                if num_new <= self.config.max_num_batched_tokens:
-                    return  # fits a later, emptier step (rule 6: nobody overtakes it)
-                self._waiting.pop(request)
-                self._fail_in_schedule(
-                    request, budget_error(num_new, self.config.max_num_batched_tokens)
-                )
-                continue
-            if chunked:  # unchunked, the branch above left only a whole rest that fits
-                num_new = min(num_new, budget, self.config.max_chunk_tokens)
-            total = computed.num_tokens + num_new
-            if not self.kv_cache.allocate_slots(request.request_id, total, computed):
-                if self._running:
-                    return  # blocks come back as running requests finish
-                self._waiting.pop(request)  # nobody holds blocks, yet it never fits
-                error = unfittable_error(self.kv_cache, request, computed.num_tokens, total)
-                self._fail_in_schedule(request, error)
-                continue
+            admission = admit_head(request, budget, self.config, self.kv_cache, len(self._running))
+            if admission is None:
+                return  # rule 6: nobody behind the head is admitted
             self._waiting.pop(request)
-            self._admit(request, computed)
-            chunks.append(self._chunk(request, num_new))
-            budget -= num_new
-
-    def _num_running_of(self, tenant: str) -> int:
-        return sum(1 for request in self._running if request.tenant == tenant)
-
-    def _computed_blocks(self, request: Request) -> ComputedBlocks:
-        if request.sampling_params.prompt_logprobs is not None:
-            return ComputedBlocks()  # rule 6: every prompt position needs its logits
-        return self.kv_cache.get_computed_blocks(request.token_ids, request.cache_salt)
+            if admission.error is not None:
+                self._fail_in_schedule(request, admission.error)
+                continue
+            self._admit(request, admission.computed)
+            chunks.append(self._chunk(request, admission.num_new, []))
+            budget -= admission.num_new
 
     def _admit(self, request: Request, computed: ComputedBlocks) -> None:
         request.status = RequestStatus.RUNNING
@@ -324,32 +259,13 @@ class Scheduler:
         if request.times.first_scheduled is None:
             request.times.first_scheduled = self._clock()
             request.num_cached_tokens = computed.num_tokens
-        if self.config.policy == "priority":
-            bisect.insort(self._running, request, key=_priority_key)
-        else:
-            self._running.append(request)
+        self._running.add(request)
 
-    def _chunk(
-        self, request: Request, num_new: int, drafts: list[int] | None = None
-    ) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledChunk:
         start = request.num_computed_tokens
-        end = start + num_new
-        prompt_logprob_positions = self._prompt_logprobs.positions(request, start, end)
-        return ScheduledChunk(
-            request_id=request.request_id,
-            token_ids=request.token_ids[start:end] + (drafts or []),
-            start_position=start,
-            block_table=self.kv_cache.block_table(request.request_id),
-            samples=end == request.num_tokens,
-            num_prompt_tokens=request.num_prompt_tokens,
-            sampling_params=request.sampling_params,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-            eos_token_ids=request.eos_token_ids,
-            prompt_logprobs_start=prompt_logprob_positions.start,
-            prompt_logprobs_end=prompt_logprob_positions.stop,
-            draft_token_ids=drafts or [],
-        )
+        positions = self._prompt_logprobs.positions(request, start, start + num_new)
+        block_table = self.kv_cache.block_table(request.request_id)
+        return scheduled_chunk(request, num_new, drafts or [], block_table, positions)
 
     def _fail_in_schedule(self, request: Request, error: str) -> None:
         self._finish(request, RequestStatus.FINISHED_ERROR, error)
@@ -385,8 +301,10 @@ class Scheduler:
             progress = chunk.sampling_params.report_progress and output.step_index is not None
             prompt_logprobs = self._prompt_logprobs.take(chunk, runner_output)
             if chunk.samples:
-                self._record_drafts(request, chunk, runner_output)
-                event = self._append_tokens(request, runner_output, now)
+                if record_drafts(request, chunk, runner_output, self.config.speculative):
+                    self._num_draft_backoffs_total += 1
+                max_len = self.config.max_model_len
+                event = append_sampled_tokens(request, runner_output, max_len, now, self._finish)
                 num_finished += request.is_finished
             elif progress or prompt_logprobs:
                 event = token_event(request, None, None)  # a prefill chunk: no token
@@ -398,50 +316,8 @@ class Scheduler:
                 event.progress = chunk_progress(output, chunk, request, now, len(accepted))
             events.append(event)
         if num_finished:
-            self._running = [request for request in self._running if not request.is_finished]
+            self._running.drop_finished()
         return events
-
-    def _record_drafts(
-        self, request: Request, chunk: ScheduledChunk, runner_output: RunnerOutput
-    ) -> None:
-        """Rule 10's backoff: a decode whose drafts were all rejected pauses drafting."""
-        spec = self.config.speculative
-        if spec is None or not chunk.draft_token_ids:
-            return
-        accepted = len(runner_output.accepted_draft_token_ids.get(request.request_id, ()))
-        if request.draft_backoff.record(chunk.num_draft_tokens, accepted, spec.max_backoff_steps):
-            self._num_draft_backoffs_total += 1
-
-    def _append_tokens(
-        self, request: Request, runner_output: RunnerOutput, now: float
-    ) -> TokenEvent:
-        """Append the accepted drafts (rule 10; their KV is computed) and the sampled token,
-        checking the stop conditions after each; tokens after a stop are dropped."""
-        request_id = request.request_id
-        token_id = runner_output.sampled_token_ids.get(request_id)
-        if token_id is None:
-            self._finish(request, RequestStatus.FINISHED_ERROR, "model runner sampled no token")
-            return token_event(request, None, None)
-        accepted = runner_output.accepted_draft_token_ids.get(request_id, [])
-        logprobs = runner_output.accepted_logprobs.get(request_id, [])
-        last = runner_output.logprobs.get(request_id)
-        logprobs = logprobs + [last] if last is not None else logprobs
-        appended, status = append_until_stop(
-            request, [*accepted, token_id], self.config.max_model_len
-        )
-        if status is not None:
-            self._finish(request, status, None)
-        if not request.is_finished:
-            request.num_computed_tokens += len(accepted)
-        times = request.times
-        previous = times.last_token
-        if times.first_token is None:
-            times.first_token = now
-        times.last_token = now
-        event = token_event(request, appended, now)
-        event.previous_token_at = previous
-        event.logprobs.extend(logprobs[: len(appended)])
-        return event
 
     # ------------------------------------------------------------------------------- finish
 
@@ -455,15 +331,3 @@ class Scheduler:
         self._prompt_logprobs.forget(request.request_id)
         del self._requests[request.request_id]
         self._finished_ids.append(request.request_id)
-
-
-def _chunk_order(chunk: ScheduledChunk) -> int:
-    """Single-token decodes first (the batch's decode rows), then decodes with drafts, then
-    prefill chunks; sorted() keeps the policy order within each."""
-    if not chunk.is_decode:
-        return 2
-    return 1 if chunk.draft_token_ids else 0
-
-
-def _priority_key(request: Request) -> tuple[int, float]:
-    return (request.priority, request.arrival_time)
