@@ -42,6 +42,9 @@ class EngineConfig:
     # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:
     # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.
     quantization: Literal["none", "int8"] = "none"
+    # With int8: SmoothQuant smoothing from a calibration prefill run once per checkpoint
+    # (engine/int8_calibration.py); False quantizes without it (measuring what it is worth).
+    int8_smoothing: bool = True
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     # N-gram speculative decoding (vLLM's --speculative-config); None = one token per pass.
     speculative: SpeculativeConfig | None = None

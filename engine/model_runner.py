@@ -20,6 +20,7 @@ from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
 from engine.draft_verification import sample_row_chunks, verify
 from engine.forward_batch import build_lists, to_tensors
+from engine.int8_calibration import input_maxima
 from engine.kernels import load_avx2_kernels, load_cpu_kernels
 from engine.loader import LoadedCheckpoint, ModelLoadError
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
@@ -124,9 +125,12 @@ class ModelRunner:
             make_layer_ops(self.kernels),
         )
         self.num_int8_layers = 0  # linear layers quantized to int8 (--quantization int8)
+        self.int8_input_maxima: dict[str, torch.Tensor] | None = None  # its smoothing's
         int8 = config.quantization == "int8"
         if int8:  # quantize each linear as it loads: the bf16 model never exists whole
             self._check_int8(checkpoint)
+            if config.int8_smoothing:
+                self.int8_input_maxima = input_maxima(Path(checkpoint.source))
             self.model.on_linear_loaded = self._quantize_loaded
         self.model.load_weights(checkpoint.weights)  # already in self.dtype
         self.model.eval()
@@ -144,7 +148,7 @@ class ModelRunner:
         if int8:
             del self.model.on_linear_loaded
             self.num_int8_layers += quantize_linears(
-                self.model, self.kernels, skip=(self.model.lm_head,)
+                self.model, self.kernels, (self.model.lm_head,), self.int8_input_maxima
             )
             log.info(
                 "%d linear layers quantized to int8 (LM head kept in bf16)", self.num_int8_layers
@@ -174,7 +178,9 @@ class ModelRunner:
             raise ModelLoadError("--quantization int8 needs the native CPU kernels (unavailable)")
 
     def _quantize_loaded(self, name: str) -> None:
-        self.num_int8_layers += quantize_linear(self.model, name, self.kernels)
+        self.num_int8_layers += quantize_linear(
+            self.model, name, self.kernels, self.int8_input_maxima
+        )
 
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""

@@ -7,7 +7,8 @@ tester ships (loadtest/data). Each non-overlapping window of `window` tokens is 
 asking for its prompt logprobs (teacher-forced, the engine's own prefill path); perplexity is
 exp(-mean logprob) over every token after each window's first. A GGUF model is measured three
 ways: served natively from its blocks ("gguf"), and its float conversion (engine/loader.py's
-hf_checkpoint_dir) in bf16 and with int8. --int8-head also swaps the LM head for an Int8Linear
+hf_checkpoint_dir) in bf16 and with int8 (smoothed, the default; and "int8-rot", its rotation
+alone, int8_smoothing=False). --int8-head also swaps the LM head for an Int8Linear
 (not a serving option: it measures what keeping the head bf16 saves). Prints one line per
 setting and each one's ratio to bf16.
 """
@@ -67,18 +68,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8-head", action="store_true")
     args = parser.parse_args(argv)
     floats = str(hf_checkpoint_dir(args.model))  # the model itself unless it is a GGUF file
-    settings = [("bf16", floats, "none", False), ("int8", floats, "int8", False)]
+    settings = [
+        ("bf16", floats, "none", False, True),
+        ("int8", floats, "int8", False, True),
+        ("int8-rot", floats, "int8", False, False),
+    ]
     if args.int8_head:
-        settings.append(("int8+head", floats, "int8", True))
+        settings.append(("int8+head", floats, "int8", True, True))
     if resolve_model_path(args.model).suffix == ".gguf":
-        settings.insert(0, ("gguf", args.model, "none", False))
+        settings.insert(0, ("gguf", args.model, "none", False, True))
     results: dict[str, float] = {}
-    for name, model, quantization, head in settings:
+    for name, model, quantization, head, smoothing in settings:
         started = time.perf_counter()
         llm = LLM(
             model=model,
             dtype="bfloat16",
             quantization=quantization,
+            int8_smoothing=smoothing,
             max_num_batched_tokens=max(2048, args.window),
         )
         if head:

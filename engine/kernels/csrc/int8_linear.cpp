@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "amx.h"
 #include "kernels.h"
@@ -179,23 +180,75 @@ bool amx_int8_available() {
 #endif
 }
 
-void quantize_rows(const bf16* x, int64_t M, int64_t K, int8_t* x_q, float* scales) {
-#pragma omp parallel for schedule(static) if (M * K >= (int64_t(1) << 16))
-  for (int64_t m = 0; m < M; ++m) {
-    const bf16* row = x + m * K;
-    __m512 peak = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += kVecLanes)
-      peak = _mm512_max_ps(peak, _mm512_abs_ps(load(row + k)));
-    const float amax = _mm512_reduce_max_ps(peak);
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    scales[m] = amax / 127.0f;
-    const __m512 vinv = _mm512_set1_ps(inv);
-    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    for (int64_t k = 0; k < K; k += kVecLanes) {
-      // cvtps rounds to nearest even (the default MXCSR mode), as torch.round does.
-      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load(row + k), vinv));
-      q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(x_q + m * K + k), _mm512_cvtepi32_epi8(q));
+namespace {
+
+constexpr int64_t kRotationBlock = 64;
+
+// One 64-wide block in place (four vectors of 16): the orthonormal Hadamard transform, stage
+// by stage as hadamard_blocks does. At stride h each pair (a, b) = (v[j], v[j + h]) becomes
+// (a + b, a - b): within a vector (h = 1, 2, 4, 8) every lane takes its partner v[lane ^ h] and
+// keeps self + partner where the lane's bit h is clear, partner - self where it is set; across
+// vectors (h = 16, 32) whole vectors pair. The same fp32 adds per element, then * 1/8 (exact).
+void hadamard_block(float* v) {
+  __m512 r[4];
+  for (int i = 0; i < 4; ++i) r[i] = _mm512_loadu_ps(v + 16 * i);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int h = 1; h < 16; h *= 2) {
+    const __m512i partner_of = _mm512_xor_si512(lane, _mm512_set1_epi32(h));
+    const __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
+    for (int i = 0; i < 4; ++i) {
+      const __m512 partner = _mm512_permutexvar_ps(partner_of, r[i]);
+      r[i] = _mm512_mask_sub_ps(_mm512_add_ps(r[i], partner), upper, partner, r[i]);
+    }
+  }
+  for (int h = 1; h < 4; h *= 2)  // vectors i and i + h: strides 16 and 32
+    for (int i = 0; i < 4; ++i)
+      if ((i & h) == 0) {
+        const __m512 a = r[i], b = r[i + h];
+        r[i] = _mm512_add_ps(a, b);
+        r[i + h] = _mm512_sub_ps(a, b);
+      }
+  const __m512 eighth = _mm512_set1_ps(0.125f);
+  for (int i = 0; i < 4; ++i) _mm512_storeu_ps(v + 16 * i, _mm512_mul_ps(r[i], eighth));
+}
+
+// A row's values as they are quantized (see kernels.h), into values (fp32 [K]).
+void prepare_row(const bf16* row, int64_t K, const float* inv_smooth, bool rotate,
+                 float* values) {
+  for (int64_t k = 0; k < K; k += kVecLanes) {
+    const __m512 v = load(row + k);
+    _mm512_storeu_ps(values + k, inv_smooth ? _mm512_mul_ps(v, _mm512_loadu_ps(inv_smooth + k)) : v);
+  }
+  if (rotate)
+    for (int64_t k = 0; k < K; k += kRotationBlock) hadamard_block(values + k);
+}
+
+}  // namespace
+
+void quantize_rows(const bf16* x, int64_t M, int64_t K, int8_t* x_q, float* scales,
+                   const float* inv_smooth, bool rotate) {
+  if (rotate && K % kRotationBlock != 0)
+    throw std::invalid_argument("quantize_rows: rotating needs K % 64 == 0");
+#pragma omp parallel if (M * K >= (int64_t(1) << 16))
+  {
+    std::vector<float> values(K);
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      prepare_row(x + m * K, K, inv_smooth, rotate, values.data());
+      __m512 peak = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; k += kVecLanes)
+        peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_loadu_ps(values.data() + k)));
+      const float amax = _mm512_reduce_max_ps(peak);
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      scales[m] = amax / 127.0f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+      for (int64_t k = 0; k < K; k += kVecLanes) {
+        // cvtps rounds to nearest even (the default MXCSR mode), as torch.round does.
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(values.data() + k), vinv));
+        q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(x_q + m * K + k), _mm512_cvtepi32_epi8(q));
+      }
     }
   }
 }

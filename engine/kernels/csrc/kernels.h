@@ -54,9 +54,14 @@ struct Int8Weight {
 // True once this process may use AMX-INT8 tiles (built with them, Linux granted them).
 bool amx_int8_available();
 
-// Per row m < M: scales[m] = max_k |x[m, k]| / 127, x_q[m, k] = round(x[m, k] * (127 / max))
-// clamped to [-127, 127], nearest even (0 and scale 0 for a zero row). K % 16 == 0.
-void quantize_rows(const bf16* x, int64_t M, int64_t K, int8_t* x_q, float* scales);
+// Per row m < M, the row's values v (fp32): x[m, k] * inv_smooth[k] when inv_smooth is given
+// (SmoothQuant's per-channel division, fp32 multiply), then, when rotate, each 64-wide block
+// transformed by the orthonormal Hadamard matrix (six butterfly stages a + b, a - b with
+// strides 1, 2, 4, ..., 32, then * 0.125, the order of int8_linear.py's hadamard_blocks);
+// scales[m] = max_k |v[k]| / 127, x_q[m, k] = round(v[k] * (127 / max)) clamped to
+// [-127, 127], nearest even (0 and scale 0 for a zero row). K % 16 == 0 (K % 64 to rotate).
+void quantize_rows(const bf16* x, int64_t M, int64_t K, int8_t* x_q, float* scales,
+                   const float* inv_smooth = nullptr, bool rotate = false);
 
 // out[m, n] = fma(float(sum_k x_q[m, k] weight[n, k]), x_scales[m] * scales[n], bias[n]) in
 // bf16, m < M. use_amx: rows > kSmallBatchRows on AMX-INT8 tiles (x_q then [padded_rows, K],
