@@ -41,7 +41,9 @@ class EngineConfig:
     # "int8": every bf16 linear but the LM head is quantized at load to int8 per output channel
     # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:
     # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.
-    quantization: Literal["none", "int8"] = "none"
+    # "int4": the same layers as Q4_1 blocks (32 weights a group, weight-only), served by the
+    # GGUF kernels at every batch size (engine/models/int4_weights.py).
+    quantization: Literal["none", "int8", "int4"] = "none"
     # With int8: SmoothQuant smoothing from a calibration prefill run once per checkpoint
     # (engine/int8_calibration.py); False quantizes without it (measuring what it is worth).
     int8_smoothing: bool = True
@@ -65,9 +67,12 @@ class EngineConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
-        if self.quantization not in ("none", "int8"):
-            raise ValueError(f"quantization must be 'none' or 'int8', got {self.quantization!r}")
+        if self.quantization not in ("none", "int8", "int4"):
+            raise ValueError(
+                f"quantization must be 'none', 'int8' or 'int4', got {self.quantization!r}"
+            )
+        named = f"quantization={self.quantization!r}"
         if self.quantization != "none" and self.dtype == "float32":
-            raise ValueError("quantization='int8' serves bfloat16 activations: not with float32")
+            raise ValueError(f"{named} serves bfloat16 activations: not with float32")
         if self.quantization != "none" and not self.cpu_kernels:
-            raise ValueError("quantization='int8' runs on the native CPU kernels (cpu_kernels)")
+            raise ValueError(f"{named} runs on the native CPU kernels (cpu_kernels)")

@@ -27,6 +27,7 @@ from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
 from engine.models.decode_stack import build_decode_stack
 from engine.models.gguf_linear import GGUFEmbedding, GGUFLinear, prepare_gguf_modules
+from engine.models.int4_weights import quantize_linear_int4, quantize_linears_int4
 from engine.models.int8_linear import Int8Linear, quantize_linear, quantize_linears
 from engine.models.layer_ops import make_layer_ops
 from engine.models.moe import SparseMoE
@@ -125,27 +126,36 @@ class ModelRunner:
             make_layer_ops(self.kernels),
         )
         self.num_int8_layers = 0  # linear layers quantized to int8 (--quantization int8)
+        self.num_int4_layers = 0  # ... to Q4_1 blocks (--quantization int4)
         self.int8_input_maxima: dict[str, torch.Tensor] | None = None  # its smoothing's
-        int8 = config.quantization == "int8"
-        if int8:  # quantize each linear as it loads: the bf16 model never exists whole
-            self._check_int8(checkpoint)
-            if config.int8_smoothing:
+        self.quantization = config.quantization
+        if self.quantization != "none":  # each linear quantized as it loads: no whole bf16 model
+            self._check_quantization(checkpoint)
+            if self.quantization == "int8" and config.int8_smoothing:
                 self.int8_input_maxima = input_maxima(Path(checkpoint.source))
             self.model.on_linear_loaded = self._quantize_loaded
         self.model.load_weights(checkpoint.weights)  # already in self.dtype
         self.model.eval()
         self.shape = self.model.shape
         self.num_params = _count_params(self.model)
+        if self.quantization == "int4":  # the layers with a bias, now that it is loaded
+            del self.model.on_linear_loaded
+            self.num_int4_layers += quantize_linears_int4(
+                self.model, self.dtype, (self.model.lm_head,)
+            )
+            log.info("%d linear layers quantized to int4 (Q4_1 blocks)", self.num_int4_layers)
         # A GGUF model's linear layers that read the file's blocks with the native kernels.
         gguf_kernels = self.kernels if config.gguf_matvec else None
         f32_gguf = self.dtype == torch.float32 and checkpoint.gguf_path is not None
         avx2 = (
             load_avx2_kernels() if f32_gguf and config.gguf_matvec and config.cpu_kernels else None
         )
+        # int4 is for the bytes: its layers keep no bf16 copy for large batches.
+        large_batch_bf16 = config.gguf_large_batch == "bf16" and self.quantization != "int4"
         self.num_gguf_matvec_layers = prepare_gguf_modules(
-            self.model, gguf_kernels, self.dtype, config.gguf_large_batch == "bf16", avx2
+            self.model, gguf_kernels, self.dtype, large_batch_bf16, avx2
         )
-        if int8:
+        if self.quantization == "int8":
             del self.model.on_linear_loaded
             self.num_int8_layers += quantize_linears(
                 self.model, self.kernels, (self.model.lm_head,), self.int8_input_maxima
@@ -161,26 +171,31 @@ class ModelRunner:
         self.kv_cache: KVCacheTensors | None = None
         self.num_experts_run = 0  # of the last execute() (a MoE model's expert weight reads)
 
-    def _check_int8(self, checkpoint: LoadedCheckpoint) -> None:
-        """--quantization int8 needs bf16 activations and the kernels, and a float checkpoint:
-        a GGUF file's weights are already quantized, and are served in their own blocks."""
+    def _check_quantization(self, checkpoint: LoadedCheckpoint) -> None:
+        """--quantization int8/int4 needs bf16 activations and the kernels, and a float
+        checkpoint: a GGUF file's weights are already quantized, and are served in their own
+        blocks."""
+        flag = f"--quantization {self.quantization}"
         if checkpoint.gguf_path is not None:
             raise ModelLoadError(
-                "--quantization int8 applies to safetensors checkpoints; a GGUF file is served "
+                f"{flag} applies to safetensors checkpoints; a GGUF file is served "
                 "in its own quantized blocks"
             )
         if self.dtype != torch.bfloat16:
             raise ModelLoadError(
-                f"--quantization int8 needs bfloat16 activations; this model serves in {self.dtype}"
+                f"{flag} needs bfloat16 activations; this model serves in {self.dtype}"
                 " (--dtype bfloat16 needs a CPU with AVX512-BF16)"
             )
         if self.kernels is None:
-            raise ModelLoadError("--quantization int8 needs the native CPU kernels (unavailable)")
+            raise ModelLoadError(f"{flag} needs the native CPU kernels (unavailable)")
 
     def _quantize_loaded(self, name: str) -> None:
-        self.num_int8_layers += quantize_linear(
-            self.model, name, self.kernels, self.int8_input_maxima
-        )
+        if self.quantization == "int4":
+            self.num_int4_layers += quantize_linear_int4(self.model, name, self.dtype)
+        else:
+            self.num_int8_layers += quantize_linear(
+                self.model, name, self.kernels, self.int8_input_maxima
+            )
 
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""

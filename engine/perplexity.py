@@ -1,4 +1,4 @@
-"""Perplexity of a model served in bf16 and with --quantization int8, over bundled text.
+"""Perplexity of a model served in bf16 and with --quantization int8 / int4, over bundled text.
 
     python -m engine.perplexity [--model default] [--window 512] [--int8-head]
 
@@ -8,7 +8,7 @@ asking for its prompt logprobs (teacher-forced, the engine's own prefill path); 
 exp(-mean logprob) over every token after each window's first. A GGUF model is measured three
 ways: served natively from its blocks ("gguf"), and its float conversion (engine/loader.py's
 hf_checkpoint_dir) in bf16 and with int8 (smoothed, the default; and "int8-rot", its rotation
-alone, int8_smoothing=False). --int8-head also swaps the LM head for an Int8Linear
+alone, int8_smoothing=False), and int4. --int8-head also swaps the LM head for an Int8Linear
 (not a serving option: it measures what keeping the head bf16 saves). Prints one line per
 setting and each one's ratio to bf16.
 """
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         ("bf16", floats, "none", False, True),
         ("int8", floats, "int8", False, True),
         ("int8-rot", floats, "int8", False, False),
+        ("int4", floats, "int4", False, True),
     ]
     if args.int8_head:
         settings.append(("int8+head", floats, "int8", True, True))

@@ -130,9 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--quantization",
-        choices=["none", "int8"],
+        choices=["none", "int8", "int4"],
         default="none",
-        help="int8: quantize a bf16/fp16 checkpoint's linears at load (weights per channel)",
+        help="quantize a bf16/fp16 checkpoint's linears at load: int8 (weights per channel, "
+        "activations per token, smoothed), int4 (weight-only Q4_1 blocks of 32)",
     )
     p.add_argument(
         "--speculative-config",

@@ -19,6 +19,7 @@ from engine.models.int8_linear import (
     prepared_activations,
     quantize_linears,
     quantize_symmetric,
+    rotated_weight,
     smoothing,
     unpack,
 )
@@ -79,6 +80,7 @@ def test_hadamard_blocks_is_the_orthonormal_sylvester_matrix_per_block() -> None
     want = torch.cat([values[:, :64] @ h, values[:, 64:] @ h], dim=1) / 8
     torch.testing.assert_close(hadamard_blocks(values), want, rtol=0, atol=1e-5)
     torch.testing.assert_close(hadamard_blocks(hadamard_blocks(values)), values, atol=1e-6, rtol=0)
+    torch.testing.assert_close(rotated_weight(values), want, rtol=0, atol=1e-5)  # at load
     # An outlier is spread over its block: the row maximum falls by the block's sqrt(64).
     spike = torch.zeros(1, 64)
     spike[0, 5] = 8.0

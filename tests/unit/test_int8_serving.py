@@ -163,7 +163,7 @@ def test_int8_meter_counts_int8_bytes(tmp_path: Path) -> None:
 
 def test_quantization_config_errors() -> None:
     with pytest.raises(ValueError, match="quantization"):
-        EngineConfig(quantization="int4")  # type: ignore[arg-type]
+        EngineConfig(quantization="int3")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="float32"):
         EngineConfig(quantization="int8", dtype="float32")
     with pytest.raises(ValueError, match="cpu_kernels"):
