@@ -11,40 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 from gguf.quants import dequantize
+from quantized_models import prompt_logprobs as _prompt_logprobs
+from quantized_models import save_with_weights
+from quantized_models import tiny_engine as _engine
 from tiny_models import COMMON, prompts, save_random_model
 from transformers import LlamaConfig, Qwen2Config
 
 from engine.kernels import load_cpu_kernels
-from engine.llm import LLM
 from engine.models.gguf_linear import GGUFLinear
 from engine.models.int4_weights import INT4_KIND, int4_blocks
-from engine.models.weight_loader import LINEAR_SOURCES
-from scheduler.sampling_params import SamplingParams
 from server.settings import Settings
 
 needs_kernels = pytest.mark.skipif(
     load_cpu_kernels() is None, reason="native CPU kernels not available"
 )
-
-
-def _engine(path: Path, quantization: str = "none") -> LLM:
-    return LLM(
-        model=str(path),
-        dtype="bfloat16",
-        block_size=4,
-        kv_cache_bytes=1 << 20,
-        max_num_batched_tokens=16,
-        quantization=quantization,
-    )
-
-
-def _prompt_logprobs(llm: LLM, token_ids: list[int]) -> torch.Tensor:
-    llm.engine.add_request("p", token_ids, SamplingParams(max_tokens=1, prompt_logprobs=0))
-    values: list[float] = []
-    while llm.engine.has_unfinished_requests():
-        for event in llm.engine.step().events:
-            values.extend(entry.logprob for entry in event.prompt_logprobs)
-    return torch.tensor(values)
 
 
 def _dequantized(layer: GGUFLinear) -> torch.Tensor:
@@ -77,26 +57,15 @@ def test_int4_tiny_llama_against_its_dequantized_weights(tmp_path: Path) -> None
     assert all(layer.large is None and layer.kernels is not None for layer in layers)
     assert runner.num_gguf_matvec_layers == len(layers)
 
-    ours = runner.model
-    with torch.no_grad():  # a bf16 checkpoint holding exactly the int4 weights
-        for index, layer in enumerate(model.model.layers):
-            for fused, sources in LINEAR_SOURCES.items():
-                weight = _dequantized(ours.get_submodule(f"layers.{index}.{fused}"))
-                first = 0
-                for source in sources:
-                    target = layer.get_submodule(source).weight
-                    target.copy_(weight[first : first + target.shape[0]])
-                    first += target.shape[0]
-    model.save_pretrained(tmp_path / "deq", safe_serialization=True)
-    (tmp_path / "deq" / "tokenizer.json").write_bytes(
-        (tmp_path / "bf16" / "tokenizer.json").read_bytes()
-    )
+    ours = runner.model  # a bf16 checkpoint holding exactly the int4 weights:
+    weight_of = lambda name: _dequantized(ours.get_submodule(name))
+    save_with_weights(model, weight_of, tmp_path / "bf16", tmp_path / "deq")
     plain, dequantized = _engine(tmp_path / "bf16"), _engine(tmp_path / "deq")
     near_total = far_total = 0.0
     for prompt in prompts():
-        got = _prompt_logprobs(int4, prompt)
-        near = _prompt_logprobs(dequantized, prompt)
-        far = _prompt_logprobs(plain, prompt)
+        got, _ = _prompt_logprobs(int4, prompt)
+        near, _ = _prompt_logprobs(dequantized, prompt)
+        far, _ = _prompt_logprobs(plain, prompt)
         assert (got - near).abs().max() < 0.1  # the same weights; bf16 rounding apart
         near_total += float((got - near).abs().mean())
         far_total += float((got - far).abs().mean())

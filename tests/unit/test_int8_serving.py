@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from quantized_models import prompt_logprobs as _prompt_logprobs
+from quantized_models import save_with_weights
+from quantized_models import tiny_engine as _engine
 from safetensors.torch import save_file
 from tiny_models import COMMON, VOCAB, prompts, save_random_model
 from transformers import LlamaConfig, Qwen2Config
@@ -20,9 +23,7 @@ from transformers import LlamaConfig, Qwen2Config
 from engine.config import EngineConfig
 from engine.int8_calibration import cache_path, recording_input_maxima
 from engine.kernels import load_cpu_kernels
-from engine.llm import LLM
 from engine.models.int8_linear import Int8Linear
-from engine.models.weight_loader import LINEAR_SOURCES
 from scheduler.sampling_params import SamplingParams
 from server.settings import Settings
 
@@ -52,60 +53,19 @@ def _calibrate(path: Path) -> None:
     save_file(maxima, target)
 
 
-def _engine(path: Path, quantization: str = "none") -> LLM:
-    return LLM(
-        model=str(path),
-        dtype="bfloat16",
-        block_size=4,
-        kv_cache_bytes=1 << 20,
-        max_num_batched_tokens=16,
-        quantization=quantization,
-    )
-
-
-def _prompt_logprobs(llm: LLM, token_ids: list[int]):
-    """Teacher-forced: the logprob of each token after the first, and at each position the
-    model's top-2 (token ids, logprobs)."""
-    llm.engine.add_request("p", token_ids, SamplingParams(max_tokens=1, prompt_logprobs=2))
-    values: list[float] = []
-    tops: list[tuple[list[int], list[float]]] = []
-    while llm.engine.has_unfinished_requests():
-        for event in llm.engine.step().events:
-            values.extend(entry.logprob for entry in event.prompt_logprobs)
-            tops.extend((e.top_token_ids, e.top_logprobs) for e in event.prompt_logprobs)
-    return torch.tensor(values), tops
-
-
-def _save_dequantized(model, int8: LLM, path: Path) -> None:
-    """The same model with every decoder linear's weight replaced by the weight the int8
-    engine multiplies by (Int8Linear.dequantized_weight: smoothed, rotated, rounded, undone),
-    each fused layer split back into the checkpoint's linears."""
-    ours = int8.engine.runner.model
-    with torch.no_grad():
-        for index, layer in enumerate(model.model.layers):
-            for fused, sources in LINEAR_SOURCES.items():
-                weight = ours.get_submodule(f"layers.{index}.{fused}").dequantized_weight()
-                first = 0
-                for source in sources:
-                    target = layer.get_submodule(source).weight
-                    target.copy_(weight[first : first + target.shape[0]])
-                    first += target.shape[0]
-    model.save_pretrained(path, safe_serialization=True)
-
-
 @needs_kernels
 def test_int8_tiny_llama_against_its_references(tmp_path: Path) -> None:
     model = save_random_model(LlamaConfig(**COMMON, tie_word_embeddings=True), tmp_path / "bf16")
     _calibrate(tmp_path / "bf16")
     int8 = _engine(tmp_path / "bf16", "int8")
-    _save_dequantized(model, int8, tmp_path / "deq")
-    (tmp_path / "deq" / "tokenizer.json").write_bytes(
-        (tmp_path / "bf16" / "tokenizer.json").read_bytes()
+    # A bf16 checkpoint of the weights int8 multiplies by (smoothed, rotated, rounded, undone).
+    ours = int8.engine.runner.model
+    save_with_weights(
+        model,
+        lambda name: ours.get_submodule(name).dequantized_weight(),
+        tmp_path / "bf16",
+        tmp_path / "deq",
     )
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        source = tmp_path / "bf16" / name
-        if source.exists():
-            (tmp_path / "deq" / name).write_bytes(source.read_bytes())
     plain = _engine(tmp_path / "bf16")
     dequantized = _engine(tmp_path / "deq")
 
