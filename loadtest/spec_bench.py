@@ -18,8 +18,8 @@ Output tokens are the final usage chunk's completion_tokens; tok/s = output toke
 of the level. When GET /metrics answers in Prometheus' format, every counter whose name holds
 "spec_decode" and ends in "_total" (meterserve_spec_decode_*, vLLM's vllm:spec_decode_*) is read
 before and after each level and the difference printed, with accepted / draft tokens where both
-exist. --compare prints this run's tok/s over each other run's, level by level. The last line
-printed is one JSON object. No locust here.
+exist. --compare prints this run's tok/s over each other run's, level by level; the last line
+printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -103,11 +103,8 @@ def client_prompts(num_prompts: int, clients: int, total: int) -> list[list[int]
     """Prompt indices each client sends, in order: `total` requests split as evenly as can be,
     client k starting at offset k × ceil(total / clients) and cycling through the prompts."""
     stride = math.ceil(total / clients)
-    plan = []
-    for k in range(clients):
-        share = total // clients + (1 if k < total % clients else 0)
-        plan.append([(k * stride + j) % num_prompts for j in range(share)])
-    return plan
+    shares = [total // clients + (1 if k < total % clients else 0) for k in range(clients)]
+    return [[(k * stride + j) % num_prompts for j in range(n)] for k, n in enumerate(shares)]
 
 
 def build_body(cfg: SpecBenchConfig, messages: list[dict]) -> dict:

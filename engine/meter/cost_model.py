@@ -21,26 +21,24 @@ so FLOPs count the active parameters: twice ModelShape.active_linear_params per 
 are exact: every token runs exactly k experts.
 
 plus the LM head, 2 * hidden * vocab, once per row that produces logits: the last row of each
-chunk that samples (and each draft's row, for a decode verifying drafts), and each prompt-logprob row (SamplingParams.prompt_logprobs: the rows of
-a prefill chunk whose next prompt token's logprob is reported). A multiply-add counts as 2
-FLOPs. Norms, rotary embeddings, softmax and activations are elementwise and left out: they
-are < 1% of the matmuls for these models.
+chunk that samples (and each draft's row, for a decode verifying drafts), and each
+prompt-logprob row (the rows of a prefill chunk whose next prompt token's logprob is reported).
+A multiply-add counts as 2 FLOPs. Norms, rotary embeddings, softmax and activations are
+elementwise and left out: they are < 1% of the matmuls for these models.
 
 Bytes moved per step: every weight matrix is read once per step however many tokens share
 it (that is what batching buys), in the format the kernel that runs it reads (WeightBytes:
 a GGUF model's Q4_1/Q8_0 blocks for matvecs of a few rows, bf16 matrices for larger
 batches), plus each chunk's KV read over its context (in a windowed layer, from its first
-query's first visible key: the kernels load no key before it) and KV written for its new tokens, plus
-one embedding row per new token. Prompt-logprob rows run the LM head in passes of their own
-(at most LOGIT_ROWS_PER_PASS rows each, apart from the sampling rows' pass), each reading the
-head's weights once more. Activations are not counted: they stay in cache for the batch sizes
-served here.
+query's first visible key: the kernels load no key before it) and KV written for its new
+tokens, plus one embedding row per new token. Prompt-logprob rows run the LM head in passes of
+their own (at most LOGIT_ROWS_PER_PASS rows each, apart from the sampling rows' pass), each
+reading the head's weights once more. Activations are not counted (they stay in cache).
 
-A MoE layer's experts are read per expert run: the body's weights (WeightBytes.body_*) leave
-the experts out, and a step adds WeightBytes.expert bytes for each distinct (layer, expert)
-pair it ran. Which experts a step runs is known only at run time: the engine passes the
-runner's count (exact); without it (num_experts_run None) the count is modelled as its upper
-bound, min(num_experts, num_tokens * k) per MoE layer.
+A MoE layer's experts are read per expert run: WeightBytes.body_* leave them out, and a step
+adds WeightBytes.expert bytes per distinct (layer, expert) pair it ran, known only at run time:
+the engine passes the runner's count (exact); without it (num_experts_run None) the count is
+modelled as its upper bound, min(num_experts, num_tokens * k) per MoE layer.
 """
 
 from __future__ import annotations
