@@ -11,8 +11,9 @@ blocks. It is built with explicit ISA flags, not -march=native, so it computes t
 on every CPU.
 
 The build runs once per source version and CPU, in $METERSERVE_CACHE_DIR/kernels (default
-~/.cache/meterserve/kernels), guarded by torch's file lock so concurrent processes wait for one
-build (~40 s on two cores) instead of racing.
+~/.cache/meterserve/kernels), guarded by an flock (build_lock.py) so concurrent processes wait
+for one build (~40 s on two cores) instead of racing, and a build killed midway does not leave
+torch's lock file to hang every later start.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+
+from engine.kernels.build_lock import build_lock
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +121,15 @@ def _build(
 
     build_dir = cache_root() / "kernels" / _source_digest(source_dir, sources + headers, cflags)
     build_dir.mkdir(parents=True, exist_ok=True)
-    return load(
-        name=name,
-        sources=[str(source_dir / s) for s in sources],
-        extra_cflags=cflags,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build_dir),
-        verbose=False,
-    )
+    with build_lock(build_dir):
+        return load(
+            name=name,
+            sources=[str(source_dir / s) for s in sources],
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
 
 
 def _source_digest(source_dir: Path, files: list[str], cflags: list[str]) -> str:
