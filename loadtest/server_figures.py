@@ -1,8 +1,8 @@
 """ServerFigures: what the server's own /metrics says happened between two scrapes.
 
 Counters are differenced (after − before); prices and peaks are gauges read after the run.
-Names are meterserve's (server/metrics.py, docs/metrics.md). Against a server without them
-(a peer), the figures are simply absent. No locust import here.
+Names are meterserve's (server/metering/prometheus_export.py, docs/metrics.md). Against a
+server without them (a peer), the figures are simply absent. No locust import here.
 """
 
 from __future__ import annotations

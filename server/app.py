@@ -20,18 +20,17 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from server.auth import require_api_key
-from server.engine_client import EngineClient
-from server.errors import OpenAIError, install_error_handlers
-from server.exchange import GroupReleaseMiddleware
-from server.openapi import document_request_bodies
-from server.protocol import (
+from server.engine_client.client import EngineClient
+from server.engine_client.exchange import GroupReleaseMiddleware
+from server.http.errors import OpenAIError, install_error_handlers
+from server.http.openapi import document_request_bodies
+from server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.protocol.responses import ResponsesRequest
+from server.openai.protocol.responses import ResponsesRequest
 from server.routes import (
     chat,
     completions,
@@ -48,6 +47,7 @@ from server.routes import metrics as metrics_routes
 from server.routes import openapi as openapi_routes
 from server.routes.version import package_version
 from server.settings import Settings
+from server.tenancy.auth import require_api_key
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -136,7 +136,7 @@ def create_app(settings: Settings) -> FastAPI:
 
 def build_metrics(settings: Settings, core: Any) -> Any:
     """The ServerMetrics for a loaded engine (runs on the engine thread, during load)."""
-    from server.metrics import ServerMetrics
+    from server.metering.prometheus_export import ServerMetrics
 
     return ServerMetrics(
         core.meter,

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from fastapi import Request
 
 from engine.meter.billing import Prices
-from server.cache_salt import cache_salt
-from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient
-from server.errors import OpenAIError
-from server.request_group import BillingAccount
+from server.engine_client.client import EngineClient
+from server.engine_client.request_group import BillingAccount
+from server.http.errors import OpenAIError
 from server.settings import Settings
-from server.tenants import DEFAULT_TENANT_NAME
+from server.tenancy.cache_salt import cache_salt
+from server.tenancy.tenants import DEFAULT_TENANT_NAME
+from server.text.detokenizer import TokenTexts
 from server.tool_calls import FunctionTool, ToolCallFormat, tool_call_format
 
 

@@ -47,7 +47,7 @@ def serve(argv: Sequence[str]) -> int:
     import uvicorn
 
     from server.app import create_app
-    from server.draining_server import DrainingServer
+    from server.http.draining_server import DrainingServer
     from server.settings import Settings, SettingsError
 
     try:

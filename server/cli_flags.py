@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-keys-file",
         default=None,
         metavar="PATH",
-        help="YAML or JSON file of tenants, their keys and price plans (see server/tenants.py)",
+        help="YAML or JSON file of tenants, their keys and price plans "
+        "(see server/tenancy/tenants.py)",
     )
     p.add_argument(
         "--tenant-header",

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.meter.config import MeterConfig
 from scheduler.speculative_config import SpeculativeConfig
 from server.cli_flags import SettingsError, apply_env_defaults, build_parser
-from server.tenants import TenantDirectory, check_header_name
+from server.tenancy.tenants import TenantDirectory, check_header_name
 
 # Meter flag dest -> MeterConfig field; unset flags keep MeterConfig's own defaults.
 _METER_FIELDS = {
@@ -73,7 +73,7 @@ class Settings:
     max_request_body_bytes: int = 4 * 2**20
     max_choices_per_request: int = 64  # engine requests (prompts x n) one API request may ask
     # Tenants share prefix-cache blocks (each can learn how others' prompts begin: off by
-    # default, server/cache_salt.py).
+    # default, server/tenancy/cache_salt.py).
     shared_prefix_cache: bool = False
     log_level: str = "info"
     access_log: bool = False

@@ -1,8 +1,8 @@
 """Meter: the engine's meter room. Turns each step into FLOPs, bytes and attributed seconds,
 and holds what turns them into dollars (prices) and utilization (peaks).
 
-No Prometheus here: server/metrics.py only exports what the meter and the engine produce,
-and the HTTP layer gets each request's bill (engine/meter/billing.py) from the same prices,
+No Prometheus here: server/metering/prometheus_export.py only exports what the meter and the engine
+produce, and the HTTP layer gets each request's bill (engine/meter/billing.py) from the same prices,
 so `usage.cost_usd` never depends on whether metrics are exported.
 """
 

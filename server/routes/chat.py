@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: messages through the tokenizer's chat template, streamed or not.
 
-The request runs through the serving core (server/serving.py); this module parses chat's
+The request runs through the serving core (server/openai/serving_core.py); this module parses chat's
 protocol into a GenerationJob and builds chat's chunks and response. With tools
 (server/tool_calls), the template renders them (or meterserve's hermes prompt does, for a
 template without tools), `required` and named tool_choice constrain the output with a
@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request, Response
 
 from scheduler.output import TokenLogprobs
 from server.app_state import new_id, unix_time
-from server.detokenizer import TokenTexts
-from server.errors import bad_request
-from server.generation import Generation
-from server.protocol import (
+from server.http.errors import bad_request
+from server.http.sse import sse_event
+from server.openai.generation import Generation
+from server.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -33,8 +33,8 @@ from server.protocol import (
     StreamProgress,
     TopLogprob,
 )
-from server.serving import ChatPrompt, GenerationJob, OpenAIServing
-from server.streaming import sse_event
+from server.openai.serving_core import ChatPrompt, GenerationJob, OpenAIServing
+from server.text.detokenizer import TokenTexts
 from server.tool_calls import (
     CallDelta,
     ContentDelta,

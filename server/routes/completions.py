@@ -1,6 +1,6 @@
 """POST /v1/completions: prompt (string, strings, token ids) in, text out, streamed or not.
 
-The request runs through the serving core (server/serving.py); this module parses the
+The request runs through the serving core (server/openai/serving_core.py); this module parses the
 completions protocol into a GenerationJob and builds its chunks and response (echo, logprobs
 of the prompt and the completion, vLLM's prompt_logprobs).
 """
@@ -13,11 +13,11 @@ from fastapi import APIRouter, Request, Response
 
 from scheduler.output import TokenLogprobs
 from server.app_state import new_id, unix_time
-from server.detokenizer import TokenTexts
-from server.engine_client import EngineClient
-from server.errors import bad_request
-from server.generation import ChoiceState, Generation
-from server.protocol import (
+from server.engine_client.client import EngineClient
+from server.http.errors import bad_request
+from server.http.sse import sse_event
+from server.openai.generation import ChoiceState, Generation
+from server.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -25,9 +25,9 @@ from server.protocol import (
     PromptLogprob,
     StreamProgress,
 )
-from server.request_params import COMPLETIONS_DEFAULT_MAX_TOKENS
-from server.serving import GenerationJob, OpenAIServing, TextPrompt
-from server.streaming import sse_event
+from server.openai.request_params import COMPLETIONS_DEFAULT_MAX_TOKENS
+from server.openai.serving_core import GenerationJob, OpenAIServing, TextPrompt
+from server.text.detokenizer import TokenTexts
 
 router = APIRouter()
 

@@ -12,7 +12,7 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server.errors import OpenAIError
+from server.http.errors import OpenAIError
 
 router = APIRouter()
 

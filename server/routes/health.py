@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from server.app_state import get_client
-from server.errors import OpenAIError
+from server.http.errors import OpenAIError
 
 router = APIRouter()
 

@@ -2,7 +2,7 @@
 
 A meterserve extension (docs/console.md lists every field): the current batch (running,
 waiting, KV-cache use) and one-second series and one-minute totals of MFU, MBU, tokens/s and
-cost per 1M tokens, from server/live_window.py. Protected by the API key like the other API
+cost per 1M tokens, from server/metering/live_window.py. Protected by the API key like the other API
 routes; 503 until the model has loaded.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from server.errors import OpenAIError
+from server.http.errors import OpenAIError
 
 router = APIRouter()
 

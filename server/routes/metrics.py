@@ -1,7 +1,7 @@
 """GET /metrics: the Prometheus exposition of app.state.metrics (a ServerMetrics).
 
 Public, as in vLLM, so any Prometheus scrapes it without a key. The per-tenant series (who is
-billed what, server/tenant_metrics.py) are shown to every scrape only while the server has
+billed what, server/metering/tenant_metrics.py) are shown to every scrape only while the server has
 neither API keys (then every route is open anyway) nor --metrics-api-key. Otherwise only a
 scrape that sends `Authorization: Bearer <--metrics-api-key>` gets them; any other, a tenant's
 own API key included, gets the aggregate series. --metrics-port serves the full exposition on
@@ -19,9 +19,9 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Response
 
-from server.auth import parse_bearer
 from server.settings import Settings
-from server.tenants import key_matches
+from server.tenancy.auth import parse_bearer
+from server.tenancy.tenants import key_matches
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -109,5 +109,6 @@ class MetricsListener:
 class _SignalFreeServer(uvicorn.Server):
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
-        # The main server (server/draining_server.py) owns SIGTERM and SIGINT; it stops this one.
+        # The main server (server/http/draining_server.py) owns SIGTERM and SIGINT; it stops
+        # this one.
         yield

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server.app_state import get_client, served_model_names
-from server.protocol import ModelCard, ModelList, dump
+from server.openai.protocol import ModelCard, ModelList, dump
 
 router = APIRouter()
 

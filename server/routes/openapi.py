@@ -1,4 +1,4 @@
-"""GET /openapi.json: the API's OpenAPI document (built by server/openapi.py).
+"""GET /openapi.json: the API's OpenAPI document (built by server/http/openapi.py).
 
 Behind the API key, like the routes it describes: it names the server's version, which
 /version keeps behind the key too. There is no Swagger UI or ReDoc page (FastAPI's /docs and

@@ -1,8 +1,8 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, on the chat path.
 
 `instructions` and `input` become chat messages rendered by the chat template; the sampling
-fields become chat's (server/protocol/responses.py); one engine request (n is always 1) runs
-through the serving core (server/serving.py) like a chat completion; this module builds
+fields become chat's (server/openai/protocol/responses.py); one engine request (n is always 1) runs
+through the serving core (server/openai/serving_core.py) like a chat completion; this module builds
 Responses' output. Streaming sends Responses' typed events (`event: <type>` + `data: <json>`, numbered by `sequence_number`):
 response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta..., response.output_text.done,
@@ -25,11 +25,11 @@ from fastapi import APIRouter, Request, Response
 
 from scheduler.sampling_params import SamplingParams
 from server.app_state import unix_time
-from server.errors import OpenAIError
-from server.generation import Generation
-from server.protocol import Usage, dump
-from server.protocol.responses import ResponsesRequest
-from server.protocol.responses_output import (
+from server.http.errors import OpenAIError
+from server.openai.generation import Generation
+from server.openai.protocol import Usage, dump
+from server.openai.protocol.responses import ResponsesRequest
+from server.openai.protocol.responses_output import (
     IncompleteDetails,
     InputTokensDetails,
     OutputFunctionCall,
@@ -39,7 +39,7 @@ from server.protocol.responses_output import (
     ResponsesResponse,
     ResponseUsage,
 )
-from server.serving import ChatPrompt, GenerationJob, OpenAIServing
+from server.openai.serving_core import ChatPrompt, GenerationJob, OpenAIServing
 from server.tool_calls import (
     CallDelta,
     ContentDelta,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server.app_state import get_settings, ready_client, served_model_names, token_texts
-from server.body import parse_request
-from server.errors import bad_request
-from server.prompts import apply_chat_template, encode_texts
-from server.protocol import DetokenizeRequest, TokenizeRequest
-from server.request_params import check_model, check_token_ids
+from server.http.body import parse_request
+from server.http.errors import bad_request
+from server.openai.prompts import apply_chat_template, encode_texts
+from server.openai.protocol import DetokenizeRequest, TokenizeRequest
+from server.openai.request_params import check_model, check_token_ids
 
 router = APIRouter()
 

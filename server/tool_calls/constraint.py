@@ -31,8 +31,8 @@ from typing import Any
 import xgrammar as xgr
 
 from scheduler.sampling_params import StructuredOutput
-from server.errors import bad_request
-from server.grammar_compile import check_spec_size, compile_ahead
+from server.http.errors import bad_request
+from server.openai.grammar_compile import check_spec_size, compile_ahead
 from server.tool_calls.tools import FunctionTool, ToolPolicy
 from server.tool_parsers import ToolCallFormat
 from server.tool_parsers.hermes import HermesFormat
@@ -43,7 +43,7 @@ def tool_call_constraint(
 ) -> StructuredOutput | None:
     """The constraint for the policy's tool_choice in `fmt` (hermes when None; None for
     auto and none), not compiled yet; parameters schemas xgrammar cannot convert, or longer
-    than MAX_GRAMMAR_SPEC_CHARS (server/grammar_compile.py) together, are a 400 naming
+    than MAX_GRAMMAR_SPEC_CHARS (server/openai/grammar_compile.py) together, are a 400 naming
     `tools_param`."""
     tools = policy.forced_tools
     if not tools:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from server.errors import bad_request
+from server.http.errors import bad_request
 
 ToolChoiceMode = Literal["none", "auto", "required", "named"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from engine.meter.billing import Bill
 from engine.stats import StepStats
-from server.live_window import WINDOW_SECONDS, LiveFacts, LiveWindow
+from server.metering.live_window import WINDOW_SECONDS, LiveFacts, LiveWindow
 
 FACTS = LiveFacts(
     model="m",

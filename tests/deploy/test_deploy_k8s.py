@@ -28,7 +28,8 @@ CRD_SCHEMAS = {
 # CEL rules) and the newest the validator ships.
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 
-# Gauges the endpoint picker and the autoscalers read; server/metrics.py must export them.
+# Gauges the endpoint picker and the autoscalers read; server/metering/prometheus_export.py
+# must export them.
 WAITING = "meterserve_num_requests_waiting"
 RUNNING = "meterserve_num_requests_running"
 KV_USAGE = "meterserve_kv_cache_usage_ratio"
@@ -269,7 +270,7 @@ def test_real_exporter_serves_the_metrics_the_picker_and_autoscalers_read() -> N
     from engine.meter.meter import Meter
     from engine.meter.peaks import Peaks
     from engine.stats import KVCacheInfo
-    from server.metrics import ServerMetrics
+    from server.metering.prometheus_export import ServerMetrics
 
     shape = ModelShape(
         num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,

@@ -25,17 +25,17 @@ from fastapi import Request
 from server_process import ServerProcess
 from serverproc import API_KEY, assert_no_leaked_blocks, wait_idle
 
-import server.engine_client as engine_client_module
+import server.engine_client.client as engine_client_module
 from engine.config import DEBUG_HANG_SECONDS
 from scheduler.output import TokenEvent
 from scheduler.sampling_params import SamplingParams
 from server.app import create_app
 from server.app_state import billing_account, ready_client
-from server.engine_client import EngineClient
-from server.engine_commands import Abort, Command, Snapshot, Stop
-from server.engine_loop import LoopSide
-from server.errors import OpenAIError
-from server.request_group import EngineRequestSpec, RequestGroup
+from server.engine_client.client import EngineClient
+from server.engine_client.commands import Abort, Command, Snapshot, Stop
+from server.engine_client.loop import LoopSide
+from server.engine_client.request_group import EngineRequestSpec, RequestGroup
+from server.http.errors import OpenAIError
 from server.settings import Settings
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -199,7 +199,7 @@ _FAKE_CORE = SimpleNamespace(
 
 
 class FakeEngineLoop:
-    """Stands in for server.engine_loop.EngineLoop without a model: reports ready, then
+    """Stands in for server.engine_client.loop.EngineLoop without a model: reports ready, then
     acknowledges each abort with a final event as the real thread does."""
 
     exit_after_ready = False

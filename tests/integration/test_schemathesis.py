@@ -1,7 +1,7 @@
 """Schema-driven fuzzing of the real server: no input gets a 5xx or a dropped connection.
 
 schemathesis reads the server's own /openapi.json (request bodies from the same pydantic
-models the routes validate with, server/openapi.py) and sends valid and invalid requests to
+models the routes validate with, server/http/openapi.py) and sends valid and invalid requests to
 every operation. The only check is the one the API promises: every answer is a response with
 a status below 500. Bounded: a fixed number of examples per operation, generation capped at
 a few tokens per request so valid requests stay short, and a time limit on the whole run.

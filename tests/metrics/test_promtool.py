@@ -20,7 +20,7 @@ from engine.meter.energy import EnergyMeter, rapl_zones
 from engine.meter.meter import Meter
 from engine.meter.peaks import Peaks
 from engine.stats import KVCacheInfo
-from server.metrics import ServerMetrics
+from server.metering.prometheus_export import ServerMetrics
 
 
 def _run(args: list[str], stdin: bytes | None = None) -> str:
@@ -95,7 +95,8 @@ def _exported_series(body: str) -> set[str]:
 
     Read from the `# TYPE` lines, which prometheus_client writes for a family even before its
     first labelled child exists (a tenant's counters, a rejection reason), plus the sample
-    lines; so the check follows whatever server/metrics.py exports, with no list to keep.
+    lines; so the check follows whatever server/metering/prometheus_export.py exports, with no
+    list to keep.
     """
     names = set(re.findall(r"^(meterserve_\w+)", body, re.MULTILINE))
     for name, kind in re.findall(r"^# TYPE (meterserve_\w+) (\w+)$", body, re.MULTILINE):

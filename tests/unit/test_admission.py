@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.admission import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, Admission
+from server.engine_client.admission import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, Admission
 
 
 def serve(admission: Admission, num_tokens: int, times: list[float]) -> None:

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from engine.loader import load_checkpoint
-from server.detokenizer import (
+from server.text.detokenizer import (
     IncrementalDetokenizer,
     _StreamSource,
     _WindowSource,
@@ -444,7 +444,7 @@ def test_a_stop_string_naming_a_special_token(tokenizer):
         detok = IncrementalDetokenizer(
             tokenizer, PROMPT, stop=["<|im_end|>"], include_stop_str_in_output=include
         )
-        # The engine stopped on the token (server/request_params.py made it a stop token id).
+        # The engine stopped on the token (server/openai/request_params.py made it a stop token id).
         text = detok.add(words + [2], ends_in_stop_token=True) + detok.finish()
         assert text == detok.text == expected and detok.num_tokens == len(words) + 1
 

@@ -11,10 +11,10 @@ import pytest
 
 from engine.structured_output import CompiledConstraint, StructuredOutputError, grammar_of
 from scheduler.sampling_params import StructuredOutput
-from server.errors import OpenAIError
-from server.guided_decoding import guided_constraint
-from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.structured_output_fields import structured_output_of
+from server.http.errors import OpenAIError
+from server.openai.guided_decoding import guided_constraint
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.structured_output_fields import structured_output_of
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 GRAMMAR = 'root ::= "yes" | "no"'

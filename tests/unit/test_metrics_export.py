@@ -22,8 +22,7 @@ from engine.stats import KVCacheInfo, StepStats
 from scheduler.output import TokenEvent
 from scheduler.request import RequestCost, RequestTimes
 from scheduler.sampling_params import SamplingParams
-from server.metrics import FINISHED_REASONS, ServerMetrics
-from server.request_group import (
+from server.engine_client.request_group import (
     FAILED,
     TIMED_OUT,
     BillingAccount,
@@ -31,6 +30,7 @@ from server.request_group import (
     RequestGroup,
     Settlement,
 )
+from server.metering.prometheus_export import FINISHED_REASONS, ServerMetrics
 from server.routes.metrics import router
 
 MODEL = "smollm2"

@@ -1,5 +1,5 @@
 """docs/api.md's field table is what the code does: every OpenAI field is honoured (a field of
-our request model), refused (server/openai_fields.py) or ignored, and in exactly one state."""
+our request model), refused (server/openai/fields.py) or ignored, and in exactly one state."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from server.errors import OpenAIError
-from server.openai_fields import (
+from server.http.errors import OpenAIError
+from server.openai.fields import (
     CHAT_HONOURED,
     CHAT_REFUSED,
     COMPLETIONS_HONOURED,
@@ -19,8 +19,8 @@ from server.openai_fields import (
     RESPONSES_IGNORED,
     RESPONSES_REFUSED,
 )
-from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.protocol.responses import ResponsesRequest
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.protocol.responses import ResponsesRequest
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

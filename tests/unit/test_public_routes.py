@@ -25,10 +25,10 @@ from engine.meter.meter import Meter
 from engine.meter.peaks import Peaks
 from engine.stats import KVCacheInfo
 from server.app import create_app
-from server.metrics import ServerMetrics
+from server.metering.prometheus_export import ServerMetrics
 from server.routes.metrics import MetricsListener
 from server.settings import Settings, SettingsError
-from server.tenants import TenantDirectory, parse_tenants
+from server.tenancy.tenants import TenantDirectory, parse_tenants
 
 try:  # FastAPI >= 0.120 keeps included routers nested; this walks them
     from fastapi.routing import iter_route_contexts

@@ -11,8 +11,7 @@ from engine.meter.billing import Prices
 from scheduler.output import TokenEvent
 from scheduler.request import RequestCost, RequestTimes
 from scheduler.sampling_params import SamplingParams
-from server.errors import OpenAIError
-from server.request_group import (
+from server.engine_client.request_group import (
     CLIENT_LEFT,
     FAILED,
     TIMED_OUT,
@@ -20,6 +19,7 @@ from server.request_group import (
     EngineRequestSpec,
     RequestGroup,
 )
+from server.http.errors import OpenAIError
 
 ACCOUNT = BillingAccount("acme", Prices(1.0, 4.0))
 

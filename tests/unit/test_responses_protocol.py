@@ -8,9 +8,9 @@ import pytest
 from openai.types.responses import Response as SDKResponse
 from pydantic import ValidationError
 
-from server.errors import OpenAIError
-from server.protocol.responses import ResponsesRequest
-from server.protocol.responses_output import (
+from server.http.errors import OpenAIError
+from server.openai.protocol.responses import ResponsesRequest
+from server.openai.protocol.responses_output import (
     InputTokensDetails,
     OutputMessage,
     OutputText,

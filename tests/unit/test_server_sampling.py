@@ -7,11 +7,15 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from server.body import parse_body
-from server.errors import OpenAIError
-from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.request_limits import MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS, check_num_choices
-from server.request_params import (
+from server.http.body import parse_body
+from server.http.errors import OpenAIError
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.request_limits import (
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    check_num_choices,
+)
+from server.openai.request_params import (
     build_sampling_params,
     check_model,
     choice_params,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from engine.meter.config import MeterConfig
-from server.auth import key_matches
 from server.cli import main
 from server.cli_flags import parse_bytes
 from server.settings import Settings, SettingsError
-from server.tenants import PricePlan, Tenant, TenantDirectory
+from server.tenancy.auth import key_matches
+from server.tenancy.tenants import PricePlan, Tenant, TenantDirectory
 
 
 def test_defaults():

@@ -13,16 +13,16 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-import server.grammar_compile as grammar_compile_module
+import server.openai.grammar_compile as grammar_compile_module
 from engine.loader import hf_checkpoint_dir
 from engine.meter.billing import Prices
 from engine.structured_output import CompiledConstraint, StructuredOutputError, StructuredOutputs
 from scheduler.sampling_params import SamplingParams, StructuredOutput
-from server.errors import OpenAIError
-from server.grammar_compile import MAX_GRAMMAR_SPEC_CHARS
-from server.protocol import ChatCompletionRequest
-from server.request_group import BillingAccount, EngineRequestSpec, RequestGroup
-from server.structured_output_fields import structured_output_of
+from server.engine_client.request_group import BillingAccount, EngineRequestSpec, RequestGroup
+from server.http.errors import OpenAIError
+from server.openai.grammar_compile import MAX_GRAMMAR_SPEC_CHARS
+from server.openai.protocol import ChatCompletionRequest
+from server.openai.structured_output_fields import structured_output_of
 from server.tool_calls import FunctionTool, ToolChoice, output_constraint, resolve_tool_policy
 
 ACCOUNT = BillingAccount("acme", Prices(1.0, 4.0))

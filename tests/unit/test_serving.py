@@ -1,7 +1,7 @@
-"""The serving core (server/serving.py), the one pipeline chat, completions and Responses run:
-a GenerationJob becomes n engine requests per prompt with SamplingParams built once, the
-checks every endpoint shares refuse before anything is submitted, and respond() collects the
-generation into the endpoint's response and releases the group.
+"""The serving core (server/openai/serving_core.py), the one pipeline chat, completions and Responses
+run: a GenerationJob becomes n engine requests per prompt with SamplingParams built once, the checks
+every endpoint shares refuse before anything is submitted, and respond() collects the generation
+into the endpoint's response and releases the group.
 
 The engine client is real but its engine thread never starts: the test plays the thread's
 part (the ready report, one final token event), so what is checked is what the core hands
@@ -23,11 +23,11 @@ from transformers import AutoTokenizer
 from engine.config import EngineConfig
 from engine.loader import hf_checkpoint_dir
 from scheduler.output import TokenEvent
-from server.engine_client import EngineClient
-from server.errors import OpenAIError
-from server.generation import Generation
-from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.serving import ChatPrompt, GenerationJob, OpenAIServing, TextPrompt
+from server.engine_client.client import EngineClient
+from server.http.errors import OpenAIError
+from server.openai.generation import Generation
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.serving_core import ChatPrompt, GenerationJob, OpenAIServing, TextPrompt
 from server.settings import Settings
 
 MAX_REQUEST_TOKENS = 2048

@@ -11,10 +11,10 @@ import pytest
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from server.auth import require_api_key, tenant_for
-from server.errors import OpenAIError
+from server.http.errors import OpenAIError
 from server.settings import Settings
-from server.tenants import (
+from server.tenancy.auth import require_api_key, tenant_for
+from server.tenancy.tenants import (
     DEFAULT_TENANT,
     PricePlan,
     Tenant,

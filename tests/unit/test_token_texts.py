@@ -14,10 +14,10 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from engine.loader import load_checkpoint
-from server.errors import OpenAIError
-from server.prompts import INLINE_TOKENIZE_CHARS, apply_chat_template, tokenize_prompts
-from server.protocol import ChatMessage
-from server.token_texts import TokenTexts
+from server.http.errors import OpenAIError
+from server.openai.prompts import INLINE_TOKENIZE_CHARS, apply_chat_template, tokenize_prompts
+from server.openai.protocol import ChatMessage
+from server.text.token_texts import TokenTexts
 
 LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. 世界 🎉 " * 5_000)[:200_000]
 

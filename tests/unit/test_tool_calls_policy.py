@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from engine.loader import hf_checkpoint_dir
-from server.errors import OpenAIError, validation_error
-from server.protocol import ChatCompletionRequest
+from server.http.errors import OpenAIError, validation_error
+from server.openai.protocol import ChatCompletionRequest
 from server.routes.chat import tool_policy_of
 from server.tool_calls import (
     FunctionTool,
@@ -41,7 +41,7 @@ TOOLS = [WEATHER, ADD]
 
 def _chat(**fields) -> ChatCompletionRequest:
     body = {"messages": [{"role": "user", "content": "hi"}]} | fields
-    try:  # as server/body.py parses a request
+    try:  # as server/http/body.py parses a request
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None

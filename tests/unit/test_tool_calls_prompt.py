@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine.loader import hf_checkpoint_dir
-from server.prompts import apply_chat_template
-from server.protocol import ChatMessage
+from server.openai.prompts import apply_chat_template
+from server.openai.protocol import ChatMessage
 from server.tool_calls import FunctionTool, conversation_for_template, template_renders_tools
 from server.tool_calls.prompt import tools_section
 
