@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PATH",
         help="YAML or JSON file of tenants, their keys and price plans "
-        "(see server/tenancy/tenants.py)",
+        "(see server/tenancy/keys_file.py)",
     )
     p.add_argument(
         "--tenant-header",

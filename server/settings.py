@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.meter.config import MeterConfig
 from scheduler.speculative_config import SpeculativeConfig
 from server.cli_flags import SettingsError, apply_env_defaults, build_parser
+from server.tenancy.keys_file import load_tenant_directory
 from server.tenancy.tenants import TenantDirectory, check_header_name
 
 # Meter flag dest -> MeterConfig field; unset flags keep MeterConfig's own defaults.
@@ -91,7 +92,7 @@ class Settings:
         if any(self.tenants.resolve(key) is None for key in self.api_keys):
             raise SettingsError(
                 "Settings.api_keys holds keys that Settings.tenants does not: build tenants "
-                "with TenantDirectory.load(api_keys, ...)"
+                "with load_tenant_directory(api_keys, ...) (server/tenancy/keys_file.py)"
             )
         # A tenant holding the metrics key would read every other tenant's bill.
         key = self.metrics_api_key
@@ -174,7 +175,7 @@ def _tenants(ns: argparse.Namespace, api_keys: tuple[str, ...]) -> TenantDirecto
         except ValueError as exc:
             raise SettingsError(f"--tenant-header: {exc}") from exc
     try:
-        return TenantDirectory.load(
+        return load_tenant_directory(
             api_keys,
             ns.api_keys_file or None,
             tenant_header=header,

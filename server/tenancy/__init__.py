@@ -1,2 +1,3 @@
-"""Who is asking: `auth.py` (API keys, the tenant header), `tenants.py` (the keys file, tenants
-and their price plans), `cache_salt.py` (a tenant's prefix-cache isolation)."""
+"""Who is asking: `auth.py` (API keys, the tenant header), `tenants.py` (tenants, their price
+plans and keys), `keys_file.py` (the --api-keys-file format), `cache_salt.py` (a tenant's
+prefix-cache isolation)."""

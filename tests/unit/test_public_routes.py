@@ -28,7 +28,8 @@ from server.app import create_app
 from server.metering.prometheus_export import ServerMetrics
 from server.routes.metrics import MetricsListener
 from server.settings import Settings, SettingsError
-from server.tenancy.tenants import TenantDirectory, parse_tenants
+from server.tenancy.keys_file import parse_tenants
+from server.tenancy.tenants import TenantDirectory
 
 try:  # FastAPI >= 0.120 keeps included routers nested; this walks them
     from fastapi.routing import iter_route_contexts

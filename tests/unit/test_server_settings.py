@@ -9,7 +9,8 @@ from server.cli import main
 from server.cli_flags import parse_bytes
 from server.settings import Settings, SettingsError
 from server.tenancy.auth import key_matches
-from server.tenancy.tenants import PricePlan, Tenant, TenantDirectory
+from server.tenancy.keys_file import load_tenant_directory
+from server.tenancy.tenants import PricePlan, Tenant
 
 
 def test_defaults():
@@ -183,7 +184,7 @@ def test_bad_tenant_flags(tmp_path, contents, args, message):
 def test_settings_built_by_hand_must_carry_their_keys_in_tenants():
     with pytest.raises(SettingsError, match="tenants"):
         Settings(api_keys=("k",))
-    tenants = TenantDirectory.load(("k",))
+    tenants = load_tenant_directory(("k",))
     assert Settings(api_keys=("k",), tenants=tenants).tenants.requires_auth
 
 

@@ -14,14 +14,13 @@ from starlette.requests import Request
 from server.http.errors import OpenAIError
 from server.settings import Settings
 from server.tenancy.auth import require_api_key, tenant_for
+from server.tenancy.keys_file import load_tenant_directory, parse_tenants, read_tenants_file
 from server.tenancy.tenants import (
     DEFAULT_TENANT,
     PricePlan,
     Tenant,
     TenantDirectory,
     TenantSpec,
-    parse_tenants,
-    read_tenants_file,
 )
 
 YAML = """
@@ -159,13 +158,13 @@ def test_a_plain_key_repeated_in_the_file_is_an_error(tmp_path):
     path = tmp_path / "keys.yaml"
     path.write_text(YAML)
     with pytest.raises(ValueError, match=f"{path}: tenant 'beta' keys\\[0\\] repeats .*--api-key"):
-        TenantDirectory.load(("sk-beta",), path)
+        load_tenant_directory(("sk-beta",), path)
 
 
 def test_unreadable_file_names_it(tmp_path):
     missing = tmp_path / "absent.yaml"
     with pytest.raises(ValueError, match=f"{missing}: cannot read"):
-        TenantDirectory.load((), missing)
+        load_tenant_directory((), missing)
 
 
 def test_price_plan_validates():
