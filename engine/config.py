@@ -47,6 +47,9 @@ class EngineConfig:
     # With int8: SmoothQuant smoothing from a calibration prefill run once per checkpoint
     # (engine/int8_calibration.py); False quantizes without it (measuring what it is worth).
     int8_smoothing: bool = True
+    # A request's logits independent of the batch it runs in (engine/batch_invariance.py):
+    # one arithmetic per row on every path, at a cost in speed; False = the fastest kernels.
+    batch_invariant: bool = False
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     # N-gram speculative decoding (vLLM's --speculative-config); None = one token per pass.
     speculative: SpeculativeConfig | None = None

@@ -101,7 +101,7 @@ class EngineCore:
         meter_config = meter_config if meter_config is not None else MeterConfig()
         self.meter = Meter(
             meter_config,
-            CostModel(self.model_shape, self.runner.weight_bytes()),
+            CostModel(self.model_shape, self.runner.weight_bytes(), self.runner.batch_invariant),
             resolve_peaks(
                 meter_config.peak_flops, meter_config.peak_memory_bandwidth, self.runner.dtype
             ),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from engine import batch_invariance
 from engine.attention import make_backend
 from engine.attention.kv_cache import KVCacheTensors
 from engine.config import DEBUG_HANG_SECONDS, EngineConfig
@@ -116,7 +117,10 @@ class ModelRunner:
         self.debug_hang_token_id = config.debug_hang_token_id
         self.debug_crash_token_id = config.debug_crash_token_id
         self.kernels = load_cpu_kernels() if config.cpu_kernels else None
-        self.backend = make_backend(config.attention_backend, self.kernels)
+        self.batch_invariant = config.batch_invariant
+        if self.batch_invariant:
+            batch_invariance.check_supported(self.dtype, self.kernels, config.attention_backend)
+        self.backend = make_backend(config.attention_backend, self.kernels, self.batch_invariant)
         family = MODEL_FAMILIES[checkpoint.config.model_type]
         self.model = family(
             checkpoint.config,
@@ -151,7 +155,11 @@ class ModelRunner:
             load_avx2_kernels() if f32_gguf and config.gguf_matvec and config.cpu_kernels else None
         )
         # int4 is for the bytes: its layers keep no bf16 copy for large batches.
-        large_batch_bf16 = config.gguf_large_batch == "bf16" and self.quantization != "int4"
+        large_batch_bf16 = (
+            config.gguf_large_batch == "bf16"
+            and self.quantization != "int4"
+            and not self.batch_invariant  # the copy rounds the weights
+        )
         self.num_gguf_matvec_layers = prepare_gguf_modules(
             self.model, gguf_kernels, self.dtype, large_batch_bf16, avx2
         )
@@ -165,6 +173,8 @@ class ModelRunner:
             )
         if self.dtype == torch.bfloat16 and packing_available():
             pack_linears(self.model, self.kernels)  # float (safetensors, F16 GGUF) layers
+        if self.batch_invariant:
+            batch_invariance.make_batch_invariant(self.model)
         self.sampler = Sampler(kernels=self.kernels)
         # Grammar matchers of constrained requests, beside the sampler (same lifetime rule).
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
@@ -234,7 +244,13 @@ class ModelRunner:
         self.kv_cache = KVCacheTensors.allocate(
             s.num_layers, num_blocks, self.block_size, s.num_kv_heads, s.head_dim, self.dtype
         )
-        self.model.decode_stack = build_decode_stack(self.model, self.kv_cache, self.kernels)
+        # The stack runs the small-batch kernels, which round unlike the batch-invariant paths.
+        stack = (
+            None
+            if self.batch_invariant
+            else build_decode_stack(self.model, self.kv_cache, self.kernels)
+        )
+        self.model.decode_stack = stack
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(output.finished_request_ids)

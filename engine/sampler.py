@@ -24,7 +24,8 @@ Draws: each sampled row consumes one uniform per step. A request with a seed dra
 own torch.Generator, so its draws do not depend on what else shares the batch (its logits
 can: the model's kernels round differently at different row counts, e.g. a bf16 or GGUF model's
 1-4-row matvecs against its larger-batch tiles, so a seeded or greedy request's tokens can
-change with its batch; no batch-invariant mode exists yet); unseeded rows
+change with its batch, unless the engine runs batch-invariant, engine/batch_invariance.py);
+unseeded rows
 share one generator, seeded from os.urandom unless Sampler(seed=...) is given.
 """
 

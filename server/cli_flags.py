@@ -137,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         "activations per token, smoothed), int4 (weight-only Q4_1 blocks of 32)",
     )
     p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's tokens do not depend on what shares its batch (one arithmetic per "
+        "row on every kernel path; slower, see docs/benchmarks.md)",
+    )
+    p.add_argument(
         "--speculative-config",
         default=None,
         help="speculative decoding, vLLM's JSON: "

@@ -45,6 +45,7 @@ _ENGINE_FIELDS = (
     "gguf_matvec",
     "gguf_large_batch",
     "quantization",
+    "batch_invariant",
     "num_threads",
     "debug_fault_token_id",
     "debug_hang_token_id",

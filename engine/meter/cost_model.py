@@ -277,12 +277,14 @@ class StepCost:
 class CostModel:
     """Turns a step's chunks into FLOPs and bytes moved for one model shape. Stateless."""
 
-    def __init__(self, shape: ModelShape, weight_bytes: WeightBytes | None = None) -> None:
-        self.shape = shape
+    def __init__(
+        self, shape: ModelShape, weight_bytes: WeightBytes | None = None, rows_as_decodes=False
+    ) -> None:
+        self.shape, self.rows_as_decodes = shape, rows_as_decodes  # batch-invariant attention
         self.weight_bytes = weight_bytes if weight_bytes is not None else WeightBytes.dense(shape)
         s = shape
-        # FLOPs per new token of all layers, except attention over the context: the matmuls
-        # of the parameters it runs (a MoE layer's router and k experts).
+        # FLOPs per new token of the matmuls of the parameters it runs (a MoE layer's router and
+        # k experts), attention over the context aside.
         self._dense_flops_per_token = 2 * s.active_linear_params
         # FLOPs per (token, attended position) pair in one layer: QK^T and the weighted sum of V.
         self._attention_flops_per_pair = 4 * s.q_dim
@@ -301,9 +303,9 @@ class CostModel:
 
     def _kv_read_tokens(self, chunk: ChunkWork) -> int:
         """Cached positions read over all layers: a windowed layer starts at its first query's
-        first visible key (the kernels never load keys before it). A decode verifying drafts
-        runs as one-token decodes, each reading its own context."""
-        if chunk.is_decode and chunk.num_draft_tokens:
+        first visible key (the kernels never load keys before it). A decode verifying drafts,
+        and every chunk under rows_as_decodes, runs as one-token decodes, each reading its own."""
+        if chunk.num_new_tokens > 1 and (self.rows_as_decodes or chunk.num_draft_tokens):
             return sum(
                 self._kv_read_tokens(ChunkWork(1, chunk.context_len - j, True, True))
                 for j in range(chunk.num_new_tokens)
@@ -345,10 +347,10 @@ class CostModel:
             embedding = chunk.num_new_tokens * weights.embedding_row
             num_bytes.append(float(share + kv_read + kv_written + embedding))
         return StepCost(
-            prefill_flops=_total(f for f, c in zip(flops, chunks) if not c.is_decode),
-            decode_flops=_total(f for f, c in zip(flops, chunks) if c.is_decode),
-            prefill_bytes=_total(b for b, c in zip(num_bytes, chunks) if not c.is_decode),
-            decode_bytes=_total(b for b, c in zip(num_bytes, chunks) if c.is_decode),
+            prefill_flops=float(sum(f for f, c in zip(flops, chunks) if not c.is_decode)),
+            decode_flops=float(sum(f for f, c in zip(flops, chunks) if c.is_decode)),
+            prefill_bytes=float(sum(b for b, c in zip(num_bytes, chunks) if not c.is_decode)),
+            decode_bytes=float(sum(b for b, c in zip(num_bytes, chunks) if c.is_decode)),
             chunk_flops=flops,
             chunk_bytes=num_bytes,
         )
@@ -360,15 +362,11 @@ class CostModel:
         return full * head(LOGIT_ROWS_PER_PASS) + head(rest)
 
 
-def _total(values: Any) -> float:
-    return float(sum(values))
-
-
 def _moe_fields(config: Any) -> dict[str, int]:
-    """ModelShape's mixture-of-experts fields from an HF config; none for a dense model.
-    Which layers are sparse follows transformers (as engine/models/moe.py's
-    moe_layer_indices, which this module cannot import: it is torch-free): Mixtral every
-    layer; Qwen3-MoE layer i unless i is in mlp_only_layers or (i + 1) % decoder_sparse_step."""
+    """ModelShape's mixture-of-experts fields from an HF config; none for a dense model. Which
+    layers are sparse follows transformers (as engine/models/moe.py's moe_layer_indices; this
+    module is torch-free): Mixtral every layer; Qwen3-MoE layer i unless i is in
+    mlp_only_layers or (i + 1) % decoder_sparse_step."""
     model_type = getattr(config, "model_type", None)
     if model_type == "mixtral":
         num_experts, size = config.num_local_experts, config.intermediate_size

@@ -59,6 +59,9 @@ class GGUFLinear(nn.Module):
         # large-batch layout of a bf16 layer, for passes of more than SMALL_BATCH_ROWS rows
         # (measured: the block panels are several times slower than those tiles at 64 rows).
         self.large: PackedLinear | None = None
+        # Set by engine/batch_invariance.py: every row count on the block panels (weights
+        # rounded to bf16 as for large batches), whose per-row sums do not depend on the others.
+        self.panels_only = False
 
     def use_kernels(self, kernels, large_batch_bf16: bool = False) -> None:
         """Read the blocks with kernels.gguf_linear from now on; float parts in the dtype.
@@ -129,7 +132,7 @@ class GGUFLinear(nn.Module):
         # Single calls take the small-batch kernel up to packed_linear.SMALL_BATCH_ROWS rows,
         # as bf16 layers do: a 5-8-token prompt then rounds as it does batched with others
         # (the decode stack alone runs 5-8 decode rows on it).
-        small = packed_linear.SMALL_BATCH_ROWS
+        small = 0 if self.panels_only else packed_linear.SMALL_BATCH_ROWS
         return self.kernels.gguf_linear(
             flat.contiguous(), part.blocks, part.kind, part.rows, small_rows=small
         )

@@ -60,6 +60,9 @@ class PackedLinear(nn.Module):
         self.weight = None
         self.amx_weight = None
         self.packed_weight = None
+        # Set by engine/batch_invariance.py: every row count on the AMX tiles (amx_linear), whose
+        # per-row sums do not depend on the other rows; the small-batch kernels round otherwise.
+        self.tiles_only = False
         if _amx_fits(kernels, self.out_features, in_features):
             self.amx_weight = kernels.amx_pack_weight(weight)
         else:
@@ -76,7 +79,7 @@ class PackedLinear(nn.Module):
     def _small_batch_path(self, num_rows: int) -> bool:
         """Whether num_rows rows go to a small-batch kernel (over the tiles or row-major)."""
         small_layout = self.weight is not None or self.amx_weight is not None
-        return small_layout and 0 < num_rows <= SMALL_BATCH_ROWS
+        return small_layout and 0 < num_rows <= SMALL_BATCH_ROWS and not self.tiles_only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

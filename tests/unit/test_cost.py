@@ -85,6 +85,16 @@ def test_a_decode_verifying_drafts_samples_every_row_and_reads_each_rows_context
     assert cost.chunk_bytes == [spec_bytes, plain_bytes]
 
 
+def test_batch_invariant_attention_reads_each_prompt_rows_context_on_its_own():
+    # 3 prompt tokens after 4 cached: one pass reads the 7 positions once; row by row (the
+    # batch-invariant mode's decode kernel) 5 + 6 + 7 positions of 32 bytes. FLOPs are equal.
+    chunk = ChunkWork(3, 7, samples=True, is_decode=False)
+    plain = CostModel(TINY).step_cost([chunk])
+    rows = CostModel(TINY, rows_as_decodes=True).step_cost([chunk])
+    assert rows.chunk_flops == plain.chunk_flops
+    assert rows.chunk_bytes[0] - plain.chunk_bytes[0] == (5 + 6 + 7 - 7) * 32
+
+
 def test_a_chunk_that_does_not_sample_skips_the_lm_head_and_its_weights():
     mid_prompt = ChunkWork(num_new_tokens=2, context_len=2, samples=False, is_decode=False)
     cost = CostModel(TINY).step_cost([mid_prompt])

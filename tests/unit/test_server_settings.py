@@ -31,7 +31,7 @@ def test_vllm_style_flags_build_engine_and_meter_configs():
             "--max-waiting-requests", "7", "--max-queued-tokens", "999",
             "--request-timeout", "0", "--drain-grace-period", "3",
             "--hardware-price-per-hour", "2.5", "--peak-flops", "1e12", "--slo-ttft", "0.5",
-            "--slo-itl", "0.05", "--debug-fault-token-id", "13",
+            "--slo-itl", "0.05", "--debug-fault-token-id", "13", "--batch-invariant",
         ],
         environ={},
     )  # fmt: skip
@@ -42,6 +42,7 @@ def test_vllm_style_flags_build_engine_and_meter_configs():
     )  # fmt: skip
     assert engine.block_size == 32 and engine.kv_cache_bytes == 512 * 2**20
     assert not engine.enable_prefix_caching and engine.debug_fault_token_id == 13
+    assert engine.batch_invariant and not Settings.from_args([], environ={}).engine.batch_invariant
     assert settings.api_keys == ("a", "b") and settings.served_model_name == "smol"
     assert (settings.max_waiting_requests, settings.max_queued_tokens) == (7, 999)
     assert settings.request_timeout is None and settings.drain_grace_period == 3
