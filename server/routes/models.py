@@ -1,10 +1,11 @@
-"""GET /v1/models: the model ids this server answers to."""
+"""GET /v1/models: the model ids this server answers to; 503 while the model loads (its name is
+not known before, and an empty list would read as a server that serves nothing)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server.app_state import get_client, served_model_names
+from server.app_state import ready_client, served_model_names
 from server.openai.protocol import ModelCard, ModelList, dump
 
 router = APIRouter()
@@ -12,7 +13,7 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> dict:
-    client = get_client(request)
+    client = ready_client(request)
     created = request.app.state.started_at
     cards = [
         ModelCard(

@@ -131,6 +131,13 @@ async def test_without_keys_the_schema_is_open_like_every_route():
     assert response.status_code == 200 and "/v1/completions" in response.json()["paths"]
 
 
+async def test_the_model_list_answers_503_while_the_model_loads():
+    async with _client(create_app(_settings(keys=False))) as http:  # the engine never starts
+        response = await http.get(_url("/v1/models"))
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
+    assert response.json()["error"]["code"] == "server_loading"
+
+
 async def test_the_console_page_and_files_carry_the_csp():
     async with _client(create_app(_settings())) as http:
         for path in ("/", "/console/console.js", "/console/console.css", "/console/favicon.svg"):
