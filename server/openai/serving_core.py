@@ -94,8 +94,6 @@ class GenerationJob:
     prompt_logprobs: int | None = None  # top-k at each prompt position (None: none)
     default_max_tokens: int | None = None
     tools: ToolPolicy = NO_TOOLS
-    # How a 400 names the structured output when it conflicts with a forced tool call.
-    constraint_name: str = "response_format / structured_outputs"
 
     @property
     def prompt_param(self) -> str:
@@ -161,9 +159,7 @@ class OpenAIServing:
         fmt = tool_format(self.request, job.tools.tools)
         structured_output = await structured_output_of(fields, client)  # 400: does not compile
         # required / named tool_choice: a grammar, so calls always parse
-        structured_output = await output_constraint(
-            structured_output, job.tools, job.constraint_name, client, fmt
-        )
+        structured_output = await output_constraint(structured_output, job.tools, client, fmt)
         prompts = await self._prompts(job)
         specs, params = self._specs(job, prompts, priority, structured_output)
         group = client.submit(specs, billing_account(self.request))

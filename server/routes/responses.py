@@ -76,7 +76,6 @@ async def create_response(request: Request) -> Response:
             prompt=ChatPrompt(body.messages()),
             max_tokens=fields.max_tokens,
             tools=tools,
-            constraint_name="text.format json_object / json_schema",
         )
         submitted = await serving.start(job)
     builder = _ResponseBuilder(

@@ -5,7 +5,7 @@ ToolChoice, then:
 
     policy = resolve_tool_policy(tools, choice, parallel)           # 400s naming the fields
     fmt = tool_call_format(settings.tool_call_parser, template, policy.tools)
-    constraint = output_constraint(structured, policy, name, client, fmt)  # required/named
+    constraint = output_constraint(structured, policy, client, fmt)  # required/named
     messages, tools_arg = conversation_for_template(messages, policy.tools, chat_template)
     ...generate...
     parsed = fmt.parse(text, policy.max_calls)                      # if policy.parses_calls

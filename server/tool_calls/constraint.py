@@ -64,24 +64,20 @@ def tool_call_constraint(
 async def output_constraint(
     structured_output: StructuredOutput | None,
     policy: ToolPolicy,
-    format_name: str,
     client: Any,
     fmt: ToolCallFormat | None = None,
 ) -> StructuredOutput | None:
-    """The request's one output constraint: its structured output (named `format_name` in
-    the error), or the grammar a required or named tool_choice needs so its calls always
-    parse in `fmt`, compiled ahead like a structured output (`client.structured`); a request
-    with both is a 400 naming tool_choice."""
+    """The request's one output constraint: its structured output, or the
+    grammar a required or named tool_choice needs so its calls always parse in `fmt`,
+    compiled ahead like a structured output (`client.structured`). With both, the forced call
+    wins: the format shapes a turn that answers in text, and a forced turn answers with a
+    call (OpenAI and vLLM take both; an agent with an output type and a forced tool sends
+    them together, then its next turn, tool_choice auto, answers in the format, whose
+    grammar the structured-output path has compiled and cached by then)."""
     if not policy.forced_tools:
         return structured_output
     tool_constraint = await asyncio.to_thread(tool_call_constraint, policy, fmt)
     assert tool_constraint is not None  # forced tools always give one
-    if structured_output is not None:
-        raise bad_request(
-            f"give {format_name} or a tool_choice that forces a call (required, a named "
-            "function), not both",
-            param="tool_choice",
-        )
     problem = _cannot_enforce("tools", policy.forced_tools)
     await compile_ahead(tool_constraint, client.structured, "tools", problem)
     return tool_constraint

@@ -99,6 +99,20 @@ async def test_required_calls_listed_tools_with_valid_arguments(openai_client: A
         assert_valid_call(calls[0]["name"], calls[0]["arguments"])
 
 
+async def test_a_forced_call_wins_over_a_response_format(openai_client: AsyncOpenAI):
+    """What an agent with an output type and a forced tool sends (openai-agents): the turn is
+    the call; the format is for the turn that answers in text."""
+    person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}
+    for tool_choice in ("required", NAMED):
+        choice = await _chat(
+            openai_client, tool_choice=tool_choice, temperature=0.0, response_format=response_format
+        )
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        for call in choice.message.tool_calls:
+            assert_valid_call(call.function.name, call.function.arguments)
+
+
 async def test_a_required_call_ends_well_within_a_small_max_tokens(openai_client: AsyncOpenAI):
     """One call is ~36 tokens: with max_tokens 48 a repeated call was cut (`length`)."""
     choice = await _chat(openai_client, tool_choice="required", temperature=0.0, max_tokens=48)
@@ -197,11 +211,6 @@ async def test_a_tool_call_history_reaches_the_prompt(
         ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools", "only function tools"),
         ({"tools": [TOOLS[0], TOOLS[0]]}, "tools", "more than one function"),
         ({"functions": [{"name": "f"}]}, "functions", "not supported"),
-        (
-            {"tool_choice": "required", "response_format": {"type": "json_object"}},
-            "tool_choice",
-            "not both",
-        ),
     ],
 )
 async def test_bad_tool_fields_are_a_400_naming_them(

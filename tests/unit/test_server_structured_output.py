@@ -136,13 +136,13 @@ async def test_a_forced_tool_call_grammar_is_compiled_ahead_too(structured):
     client = SimpleNamespace(structured=structured)
     tool = FunctionTool("lookup", None, {"type": "object", "properties": {"q": {"type": "string"}}})
     policy = resolve_tool_policy([tool], ToolChoice("required"), None)
-    constraint = await output_constraint(None, policy, "response_format", client)
+    constraint = await output_constraint(None, policy, client)
     assert constraint is not None and constraint in structured.cache
     assert _group().grammar_compile_seconds > 0
     big = {"type": "object", "description": "x" * MAX_GRAMMAR_SPEC_CHARS}
     too_big = resolve_tool_policy([FunctionTool("f", None, big)], ToolChoice("required"), None)
     with pytest.raises(OpenAIError) as error:
-        await output_constraint(None, too_big, "response_format", client)
+        await output_constraint(None, too_big, client)
     assert (
         error.value.param == "tools" and f"at most {MAX_GRAMMAR_SPEC_CHARS}" in error.value.message
     )
