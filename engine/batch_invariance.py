@@ -12,9 +12,9 @@ batch-invariant mode does the same on GPUs):
   sums do not depend on the other rows; no bf16 copy is built;
 - bf16 linears on AMX run on the tiles (amx_linear) at every row count, for the same reason;
 - int8 linears need nothing: their rows are independent on every path (int8_linear.py);
-- attention runs every row, prompt rows included, through the decode kernel
-  (CpuKernelAttention.rows_as_decodes), so a prompt chunk of any length, a recompute after
-  preemption and a decode all attend alike;
+- attention runs every row, prompt rows included, through the decode kernel (each row its own
+  one-token span, engine/forward_batch.py's rows_as_decodes), so a prompt chunk of any length,
+  a recompute after preemption and a decode all attend alike;
 - there is no decode stack (its small-batch kernels round unlike the paths above).
 Norms, RoPE, activations and the sampler are per row already; a seeded request draws from its
 own generator (engine/sampler.py). tests/unit/test_batch_invariance.py holds each piece to it.

@@ -31,11 +31,16 @@ def slot_of(block_table: list[int], position: int, block_size: int) -> int:
     return block_table[position // block_size] * block_size + position % block_size
 
 
-def build_lists(chunks: list[ScheduledChunk], block_size: int) -> BatchLists:
+def build_lists(
+    chunks: list[ScheduledChunk], block_size: int, rows_as_decodes: bool = False
+) -> BatchLists:
     """Flatten chunks into one token batch.
 
     chunk c owns batch rows [query_start_c, query_start_c + len(c.token_ids)), and its tokens
     sit at request positions [c.start_position, c.start_position + len(c.token_ids)).
+    rows_as_decodes (the batch-invariant mode, engine/batch_invariance.py): every row is a
+    one-token span, attended as a decode of its own (context = its position + 1), so a row's
+    attention is the same in a prompt chunk of any length, a recompute or a decode.
     """
     lists = BatchLists([], [], [], [], [], 0)
     for chunk in chunks:
@@ -45,7 +50,7 @@ def build_lists(chunks: list[ScheduledChunk], block_size: int) -> BatchLists:
         lists.input_ids.extend(chunk.token_ids)
         lists.positions.extend(positions)
         lists.slot_mapping.extend(slot_of(chunk.block_table, p, block_size) for p in positions)
-        if chunk.draft_token_ids and chunk.is_decode:
+        if rows_as_decodes or (chunk.draft_token_ids and chunk.is_decode):
             # A decode with drafts is n one-token decodes of the same request: row j attends up
             # to its own position, whose K/V the step writes before any row attends.
             lists.spans.extend(

@@ -120,7 +120,7 @@ class ModelRunner:
         self.batch_invariant = config.batch_invariant
         if self.batch_invariant:
             batch_invariance.check_supported(self.dtype, self.kernels, config.attention_backend)
-        self.backend = make_backend(config.attention_backend, self.kernels, self.batch_invariant)
+        self.backend = make_backend(config.attention_backend, self.kernels)
         family = MODEL_FAMILIES[checkpoint.config.model_type]
         self.model = family(
             checkpoint.config,
@@ -245,12 +245,9 @@ class ModelRunner:
             s.num_layers, num_blocks, self.block_size, s.num_kv_heads, s.head_dim, self.dtype
         )
         # The stack runs the small-batch kernels, which round unlike the batch-invariant paths.
-        stack = (
-            None
-            if self.batch_invariant
-            else build_decode_stack(self.model, self.kv_cache, self.kernels)
-        )
-        self.model.decode_stack = stack
+        self.model.decode_stack = None
+        if not self.batch_invariant:
+            self.model.decode_stack = build_decode_stack(self.model, self.kv_cache, self.kernels)
 
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(output.finished_request_ids)
@@ -260,7 +257,7 @@ class ModelRunner:
         if output.is_empty:
             return result
         self._maybe_inject_fault(output)
-        lists = build_lists(output.chunks, self.block_size)
+        lists = build_lists(output.chunks, self.block_size, self.batch_invariant)
         batch = to_tensors(lists, self.block_size, self.dtype)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
         # Distinct (layer, expert) pairs the forward ran, for the meter (0: no experts).

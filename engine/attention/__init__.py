@@ -9,9 +9,8 @@ from engine.attention.reference import ReferenceAttention
 BACKENDS = ("reference", "batched", "cpu_kernels")
 
 
-def make_backend(name: str, kernels=None, rows_as_decodes: bool = False):
-    """auto = the native kernels when they are built, else the batched plain-torch backend.
-    rows_as_decodes: every row through the decode kernel (engine/batch_invariance.py)."""
+def make_backend(name: str, kernels=None):
+    """auto = the native kernels when they are built, else the batched plain-torch backend."""
     if name == "auto":
         name = "cpu_kernels" if kernels is not None else "batched"
     if name == "reference":
@@ -21,5 +20,5 @@ def make_backend(name: str, kernels=None, rows_as_decodes: bool = False):
     if name == "cpu_kernels":
         if kernels is None:
             raise ValueError("attention backend 'cpu_kernels' needs the native CPU kernels")
-        return CpuKernelAttention(kernels, rows_as_decodes=rows_as_decodes)
+        return CpuKernelAttention(kernels)
     raise ValueError(f"unknown attention backend {name!r}; choose from {list(BACKENDS)}")

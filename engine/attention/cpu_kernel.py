@@ -10,12 +10,6 @@ there; the native kernel was measured only on a CPU without AMX), in float32, an
 sizes other than 64 and 128. Sliding windows and softcaps hold on every path (both kernels
 take them; the torch prefill is batched.py's), and no path reads the cache blocks of keys
 outside every query's window. Tested against ReferenceAttention.
-
-With `rows_as_decodes` (the batch-invariant mode, engine/batch_invariance.py) every prefill
-token is attended as a decode of its own, context = its position + 1, by the decode kernel:
-a row's arithmetic is then the same whether it came as a decode, inside a prompt chunk of any
-length, or in a recompute after preemption (the decode kernel's per-row sums do not depend on
-the other rows). It reads each row's keys once, O(chunk × context) instead of one pass.
 """
 
 from __future__ import annotations
@@ -31,15 +25,11 @@ NATIVE_PREFILL_HEAD_DIMS = (64, 128)  # the head sizes prefill_attention.cpp is 
 class CpuKernelAttention:
     name = "cpu_kernels"
 
-    def __init__(
-        self, kernels, native_prefill: bool | None = None, rows_as_decodes: bool = False
-    ) -> None:
+    def __init__(self, kernels, native_prefill: bool | None = None) -> None:
         self.kernels = kernels
         self.native_prefill = (
             not kernels.amx_available() if native_prefill is None else native_prefill
         )
-        self.rows_as_decodes = rows_as_decodes
-        self._rows_of: tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self,
@@ -63,19 +53,6 @@ class CpuKernelAttention:
             value_cache,
             meta.slot_mapping,
         )
-        if self.rows_as_decodes:
-            tables, context_lens = self._decode_rows(meta)
-            return self.kernels.paged_decode_attention(
-                query,
-                key_cache,
-                value_cache,
-                tables,
-                context_lens,
-                meta.block_size,
-                scale,
-                sliding_window or 0,
-                softcap or 0.0,
-            )
         outputs = []
         if meta.num_decodes:
             outputs.append(
@@ -119,23 +96,6 @@ class CpuKernelAttention:
             softcap or 0.0,
         )
         return [out]
-
-    def _decode_rows(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row of the step as a decode: [rows, max_blocks] block tables and [rows]
-        context lengths, built once per step (every layer gets the same metadata object)."""
-        if self._rows_of is not None and self._rows_of[0] is meta:
-            return self._rows_of[1], self._rows_of[2]
-        tables: list[list[int]] = []
-        context_lens: list[int] = []
-        for chunk in meta.chunks:  # in batch order: decodes (one row each), then prefills
-            for i in range(chunk.query_len):
-                tables.append(chunk.block_table)
-                context_lens.append(chunk.start_position + i + 1)
-        width = max(len(table) for table in tables)
-        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
-        lens = torch.tensor(context_lens, dtype=torch.int64)
-        self._rows_of = (meta, padded, lens)
-        return padded, lens
 
     def _prefill_natively(self, query: torch.Tensor) -> bool:
         return (

@@ -278,20 +278,22 @@ class CostModel:
     """Turns a step's chunks into FLOPs and bytes moved for one model shape. Stateless."""
 
     def __init__(
-        self, shape: ModelShape, weight_bytes: WeightBytes | None = None, rows_as_decodes=False
+        self,
+        shape: ModelShape,
+        weight_bytes: WeightBytes | None = None,
+        rows_as_decodes: bool = False,  # the batch-invariant mode: every row attends alone
     ) -> None:
-        self.shape, self.rows_as_decodes = shape, rows_as_decodes  # batch-invariant attention
+        self.shape, self.rows_as_decodes = shape, rows_as_decodes
         self.weight_bytes = weight_bytes if weight_bytes is not None else WeightBytes.dense(shape)
-        s = shape
         # FLOPs per new token of the matmuls of the parameters it runs (a MoE layer's router and
         # k experts), attention over the context aside.
-        self._dense_flops_per_token = 2 * s.active_linear_params
+        self._dense_flops_per_token = 2 * shape.active_linear_params
         # FLOPs per (token, attended position) pair in one layer: QK^T and the weighted sum of V.
-        self._attention_flops_per_pair = 4 * s.q_dim
+        self._attention_flops_per_pair = 4 * shape.q_dim
         # Layers by window: (window or None, number of layers with it).
-        windows = s.layer_windows or (None,) * s.num_layers
+        windows = shape.layer_windows or (None,) * shape.num_layers
         self._windows = [(w, windows.count(w)) for w in dict.fromkeys(windows)]
-        self._lm_head_flops = 2 * s.hidden_size * s.vocab_size
+        self._lm_head_flops = 2 * shape.hidden_size * shape.vocab_size
 
     def chunk_flops(self, chunk: ChunkWork) -> float:
         n, ctx = chunk.num_new_tokens, chunk.context_len

@@ -5,8 +5,8 @@ row's result is bit for bit what it is when that row runs alone.
   AVX512-BF16 dot products, each row equal to the row of a 64-row call at 1, 3, 5 and 33
   rows, and close to the plain-torch product of the dequantized weights;
 - paged_decode_attention: a row's output does not depend on the other rows of the call;
-- CpuKernelAttention.rows_as_decodes: prompt rows attend as decodes of their own (equal to a
-  one-row decode call), and the step agrees with ReferenceAttention;
+- build_lists' rows_as_decodes: prompt rows attend as decodes of their own (equal to a
+  one-row decode call), and the step agrees with ReferenceAttention over the same chunks;
 - PackedLinear.tiles_only (AMX CPUs): every row count on the tiles, rows independent;
 - what the mode cannot run is refused, naming the reason.
 The engine end to end (a seeded request alone and inside mixed batches) is
@@ -21,14 +21,16 @@ from torch import nn
 
 from engine import batch_invariance
 from engine.attention.cpu_kernel import CpuKernelAttention
-from engine.attention.metadata import AttentionMetadata, ChunkSpan
 from engine.attention.reference import ReferenceAttention
 from engine.batch_invariance import BatchInvarianceError
+from engine.forward_batch import build_lists, to_tensors
 from engine.gguf_blocks import dequantize
 from engine.gguf_tensors import GGUFBlocks
 from engine.kernels import load_cpu_kernels
 from engine.models.gguf_linear import GGUFLinear
 from engine.models.packed_linear import PackedLinear
+from scheduler.output import ScheduledChunk
+from scheduler.sampling_params import SamplingParams
 from tests.unit.gguf_block_samples import KINDS, make_blocks
 
 try:
@@ -98,60 +100,56 @@ def test_decode_attention_rows_do_not_depend_on_the_other_rows() -> None:
         assert torch.equal(together[i], alone[0]), i
 
 
-def _mixed_step(heads: int, kv_heads: int, dim: int):
+def _mixed_step(heads: int, kv_heads: int, dim: int, rows_as_decodes: bool):
     """Two decodes (contexts 40 and 9) then two prompt chunks: 20 new tokens after 12 cached,
-    and a whole 7-token prompt. Returns q/k/v for the 29 new rows, the metadata, the slots."""
-    spans, slots, start = [], [], 0
-    shapes = [(39, 1, [3, 4, 5]), (8, 1, [6]), (12, 20, [7, 8]), (0, 7, [9])]
-    for start_position, query_len, table in shapes:
-        spans.append(ChunkSpan(start, query_len, start_position, table))
-        for p in range(start_position, start_position + query_len):
-            slots.append(table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE)
-        start += query_len
+    and a whole 7-token prompt. Returns q/k/v for the 29 new rows and the step's metadata."""
+    shapes = [("a", 39, 1, [3, 4, 5]), ("b", 8, 1, [6]), ("c", 12, 20, [7, 8]), ("d", 0, 7, [9])]
+    chunks = [
+        ScheduledChunk(
+            request_id=request_id,
+            token_ids=[1] * query_len,
+            start_position=start,
+            block_table=table,
+            samples=True,
+            num_prompt_tokens=start + query_len,
+            sampling_params=SamplingParams(temperature=0.0),
+            prompt_token_ids=[],
+            output_token_ids=[],
+        )
+        for request_id, start, query_len, table in shapes
+    ]
+    meta = to_tensors(build_lists(chunks, BLOCK_SIZE, rows_as_decodes), BLOCK_SIZE).meta
     g = torch.Generator().manual_seed(4)
-    query = torch.randn(start, heads, dim, generator=g).bfloat16()
-    key = torch.randn(start, kv_heads, dim, generator=g).bfloat16()
-    value = torch.randn(start, kv_heads, dim, generator=g).bfloat16()
-    decodes = spans[:2]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        chunks=spans,
-        num_decodes=2,
-        decode_block_tables=torch.tensor([[3, 4, 5], [6, 0, 0]], dtype=torch.int64),
-        decode_mask=None,
-        decode_context_lens=torch.tensor([s.context_len for s in decodes], dtype=torch.int64),
-        block_size=BLOCK_SIZE,
-        prefill_spans=torch.tensor([(2, 20, 12), (22, 7, 0)], dtype=torch.int64),
-        prefill_block_tables=torch.tensor([[7, 8], [9, 0]], dtype=torch.int64),
-    )
+    query = torch.randn(29, heads, dim, generator=g).bfloat16()
+    key = torch.randn(29, kv_heads, dim, generator=g).bfloat16()
+    value = torch.randn(29, kv_heads, dim, generator=g).bfloat16()
     return query, key, value, meta
 
 
 @needs_kernels
 def test_rows_as_decodes_attend_each_prompt_row_as_a_decode_of_its_own() -> None:
     heads, kv_heads, dim = 8, 2, 64
-    query, key, value, meta = _mixed_step(heads, kv_heads, dim)
+    query, key, value, meta = _mixed_step(heads, kv_heads, dim, rows_as_decodes=True)
+    assert meta.num_decodes == 29 and meta.prefill_spans is None  # every row a one-token span
     scale = dim**-0.5
     keys, values = _paged_cache(16, kv_heads, dim, seed=5)  # cached positions hold noise
-    backend = CpuKernelAttention(KERNELS, rows_as_decodes=True)
-    out = backend.forward(query, key, value, keys, values, meta, scale)
-    row = 0
-    for span in meta.chunks:
-        for i in range(span.query_len):
-            alone = KERNELS.paged_decode_attention(
-                query[row : row + 1].contiguous(),
-                keys,
-                values,
-                torch.tensor([span.block_table], dtype=torch.int64),
-                torch.tensor([span.start_position + i + 1], dtype=torch.int64),
-                BLOCK_SIZE,
-                scale,
-            )
-            assert torch.equal(out[row], alone[0]), row
-            row += 1
+    out = CpuKernelAttention(KERNELS).forward(query, key, value, keys, values, meta, scale)
+    for row, span in enumerate(meta.chunks):
+        alone = KERNELS.paged_decode_attention(
+            query[row : row + 1].contiguous(),
+            keys,
+            values,
+            torch.tensor([span.block_table], dtype=torch.int64),
+            torch.tensor([span.context_len], dtype=torch.int64),
+            BLOCK_SIZE,
+            scale,
+        )
+        assert torch.equal(out[row], alone[0]), row
+    # The same step as chunks, by the reference: the same attention, up to rounding.
+    _, _, _, chunked = _mixed_step(heads, kv_heads, dim, rows_as_decodes=False)
     ref_keys, ref_values = _paged_cache(16, kv_heads, dim, seed=5)
     reference = ReferenceAttention().forward(
-        query.float(), key.float(), value.float(), ref_keys.float(), ref_values.float(), meta,
+        query.float(), key.float(), value.float(), ref_keys.float(), ref_values.float(), chunked,
         scale,
     )  # fmt: skip
     assert torch.allclose(out.float(), reference, rtol=3e-2, atol=3e-2)

@@ -144,3 +144,16 @@ def test_tables_with_null_block_placeholders() -> None:
     assert meta.decode_mask[0, 0, 0].tolist() == [0.0] * 22 + [inf] * 2
     assert meta.prefill_spans.tolist() == [[1, 3, 16]]
     assert meta.prefill_block_tables.tolist() == [[0, 0, 3, 7, 8]]
+
+
+def test_rows_as_decodes_make_every_row_a_one_token_span() -> None:
+    # The batch-invariant mode: C's and D's prompt rows become decodes of their own, each
+    # attending up to its own position; rows, positions and slots stay as they were.
+    lists = build_lists(_mixed_step(), BLOCK_SIZE, rows_as_decodes=True)
+    assert lists.input_ids == [11, 12, 20, 21, 22, 23, 30, 31, 32]
+    assert lists.slot_mapping == [9, 21, 19, 24, 25, 26, 4, 5, 6]
+    assert lists.sample_rows == [0, 1, 8]
+    assert lists.num_decodes == 9
+    assert [(s.query_start, s.query_len) for s in lists.spans] == [(r, 1) for r in range(9)]
+    assert [s.context_len for s in lists.spans] == [6, 10, 4, 5, 6, 7, 1, 2, 3]
+    assert [s.block_table for s in lists.spans] == [[7, 2], [3, 0, 5]] + [[4, 6]] * 4 + [[1]] * 3
