@@ -150,18 +150,23 @@ def sdk_chat_parse(ctx: CaseContext) -> str:
     return repr(parsed)
 
 
-def sdk_chat_parse_tools(ctx: CaseContext) -> str:
+def _parse_forced_tool(ctx: CaseContext, arguments: type, name: str, prompt: str) -> str:
+    """chat.completions.parse with a pydantic_function_tool, required: its parsed arguments."""
     import openai
 
-    tool = openai.pydantic_function_tool(WeatherArgs, name="get_weather")
+    tool = openai.pydantic_function_tool(arguments, name=name)
     completion = ctx.openai().chat.completions.parse(
-        model=ctx.model, messages=user(WEATHER), tools=[tool], tool_choice="required", **SAMPLING
+        model=ctx.model, messages=user(prompt), tools=[tool], tool_choice="required", **SAMPLING
     )
     calls = completion.choices[0].message.tool_calls or []
     expect(calls, "no tool calls")
     parsed = calls[0].function.parsed_arguments
-    expect(isinstance(parsed, WeatherArgs), f"parsed_arguments {parsed!r}")
-    return repr(parsed)
+    expect(isinstance(parsed, arguments), f"parsed_arguments {parsed!r}")
+    return repr(parsed)[:120]
+
+
+def sdk_chat_parse_tools(ctx: CaseContext) -> str:
+    return _parse_forced_tool(ctx, WeatherArgs, "get_weather", WEATHER)
 
 
 def sdk_chat_parse_nested(ctx: CaseContext) -> str:
@@ -174,17 +179,7 @@ def sdk_chat_parse_nested(ctx: CaseContext) -> str:
 
 
 def sdk_chat_parse_tools_nested(ctx: CaseContext) -> str:
-    import openai
-
-    tool = openai.pydantic_function_tool(Meeting, name="book_meeting")
-    completion = ctx.openai().chat.completions.parse(
-        model=ctx.model, messages=user(MEETING), tools=[tool], tool_choice="required", **SAMPLING
-    )
-    calls = completion.choices[0].message.tool_calls or []
-    expect(calls, "no tool calls")
-    parsed = calls[0].function.parsed_arguments
-    expect(isinstance(parsed, Meeting), f"parsed_arguments {parsed!r}")
-    return repr(parsed)[:120]
+    return _parse_forced_tool(ctx, Meeting, "book_meeting", MEETING)
 
 
 def sdk_chat_stream_parse(ctx: CaseContext) -> str:
