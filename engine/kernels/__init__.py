@@ -38,6 +38,7 @@ SOURCES = [
     "gguf_binding.cpp",
     "gguf_linear.cpp",
     "gguf_panel.cpp",
+    "gguf_tiles.cpp",
     "amx_linear.cpp",
     "int8_linear.cpp",
     "int8_linear_binding.cpp",

@@ -11,9 +11,11 @@ namespace {
 
 // x [M, K] @ w.T (+ bias) with w the ggml blocks of type `kind`, out_features rows of
 // row_bytes(kind, K) bytes (any contiguous uint8 tensor of that many bytes: [N, row_bytes] or
-// the file's flat bytes). use_amx=False takes the AVX512-BF16 path above 8 rows even where
-// AMX is available (so both are testable on one machine). Up to small_rows rows (at most 8)
-// take the small-batch kernel, more the panels.
+// the file's flat bytes). Up to small_rows rows (at most 8) take the small-batch kernel (on
+// AMX tiles above 4 rows), more rows the AMX tile kernel up to 16, then the panels.
+// use_amx=False takes the AVX512-BF16 paths even where AMX is available (so both are testable
+// on one machine). The tile kernel and the AMX panels give a row the same sums, so with
+// small_rows=0 a row's result does not depend on M.
 torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
                              int64_t out_features, const c10::optional<torch::Tensor>& bias,
                              bool use_amx, int64_t small_rows) {
@@ -31,9 +33,12 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
   const bf16* bias_ptr = bias_data(bias, N, "gguf_linear");
   const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K};
   auto out = torch::empty({M, N}, x.options());
+  const bool amx = use_amx && amx_available();
   if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {
-    gguf_small_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
-  } else if (use_amx && amx_available()) {
+    gguf_small_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M, use_amx);
+  } else if (amx && M <= kGgufTileRows) {
+    gguf_tile_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
+  } else if (amx) {
     // x padded to whole 32-row blocks, in amx_pack_weight's tile layout (the B operand).
     const int64_t padded_rows = (M + 31) / 32 * 32;
     torch::Tensor rows = x;

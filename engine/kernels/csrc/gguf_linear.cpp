@@ -13,7 +13,8 @@
 // Q8_0's signed codes convert to fp32 against an fp32 copy of x instead.
 // 5-8 rows: two products per row and sub-block would make the kernel compute-bound, so each
 // sub-block is dequantized once to 32 bf16 weights (the exact weight rounded to nearest
-// even, what the larger-batch paths multiply) and costs one dot product per row.
+// even, what the larger-batch paths multiply) and costs one dot product per row. On AMX CPUs
+// gguf_tiles.cpp takes these rows instead: one tile product for all of them.
 #include <immintrin.h>
 
 #include <vector>
@@ -245,7 +246,9 @@ int64_t gguf_row_bytes(int kind, int64_t K) {
 }
 
 void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
-                       int64_t M) {
+                       int64_t M, bool use_amx) {
+  if (M > kGgufExactRows && use_amx && amx_available())
+    return gguf_tile_linear(x, w, bias, out, M);
   gguf::dispatch(w.kind, [&](auto format) {
     using F = decltype(format);
     const Activations a = prepare<F>(x, M, w.K);

@@ -26,9 +26,18 @@ constexpr int64_t kGgufExactRows = 4;
 // Bytes of one weight row of K weights; 0 if kind is unsupported or K is not whole blocks.
 int64_t gguf_row_bytes(int kind, int64_t K);
 
-// M <= kSmallBatchRows (8): streams the blocks once for all rows, decoding as it goes.
+// The tile path (gguf_tiles.cpp) takes up to this many rows.
+constexpr int64_t kGgufTileRows = 16;
+
+// M <= kSmallBatchRows (8): streams the blocks once for all rows, decoding as it goes. Above
+// kGgufExactRows rows, with use_amx on a CPU with AMX, gguf_tile_linear instead.
 void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
-                       int64_t M);
+                       int64_t M, bool use_amx = true);
+
+// 1 <= M <= kGgufTileRows, AMX only: each sub-block dequantized to bf16 once and multiplied
+// into every row by one tile product; per row equal to gguf_panel_linear_amx's sums.
+void gguf_tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
+                      int64_t M);
 
 // Any M, on AMX tiles: x_tiles is x padded with zero rows to padded_rows (a multiple of 32)
 // in amx_pack_weight's layout (kernels.h). Each thread dequantizes 32 weight rows at a time
