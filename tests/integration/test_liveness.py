@@ -59,6 +59,17 @@ def wedge_server(server_logs: Path) -> Iterator[ServerProcess]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def crash_server(server_logs: Path) -> Iterator[ServerProcess]:
+    """The crash test's server, launched without waiting for it: the wedged-step test asks
+    for it too, so that its model loads while the wedged step sleeps (its idle ~30 s)."""
+    server = ServerProcess("crash", ["--debug-crash-token-id", str(CRASH_TOKEN_ID)], server_logs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 async def wedge_http(wedge_server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=wedge_server.base_url, headers=AUTH, timeout=120) as c:
@@ -101,7 +112,9 @@ async def test_debug_engine_needs_the_api_key(wedge_server: ServerProcess):
 # ---- (a) + (d) a wedged step ------------------------------------------------------------------
 
 
-async def test_wedged_step_reports_stalled_until_it_clears(wedge_http: httpx.AsyncClient):
+async def test_wedged_step_reports_stalled_until_it_clears(
+    wedge_http: httpx.AsyncClient, crash_server: ServerProcess
+):
     assert (await wedge_http.get("/health")).status_code == 200
     hung_prompt = await _prompt_ids(wedge_http, "Hello there") + [HANG_TOKEN_ID]
     body = {"model": MODEL, "prompt": hung_prompt, "max_tokens": 4, "ignore_eos": True}
@@ -146,8 +159,8 @@ async def test_wedged_step_reports_stalled_until_it_clears(wedge_http: httpx.Asy
 # ---- (b) the engine thread dies ---------------------------------------------------------------
 
 
-async def test_engine_thread_death_fails_pending_requests(server_logs: Path):
-    server = ServerProcess("crash", ["--debug-crash-token-id", str(CRASH_TOKEN_ID)], server_logs)
+async def test_engine_thread_death_fails_pending_requests(crash_server: ServerProcess):
+    server = crash_server
     try:
         await asyncio.to_thread(server.wait_ready)
         async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
