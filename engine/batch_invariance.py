@@ -9,7 +9,8 @@ than a decode's. Here each piece keeps one arithmetic per row whatever the batch
 batch-invariant mode does the same on GPUs):
 - GGUF linears run every row count on the block panels (weights dequantized to bf16 per panel,
   AMX tiles or AVX512-BF16 dot products: what larger batches take by default), whose per-row
-  sums do not depend on the other rows; no bf16 copy is built;
+  sums do not depend on the other rows (on AMX, up to 16 rows take gguf_tiles.cpp's kernel,
+  which gives a row the panels' sums bit for bit, faster); no bf16 copy is built;
 - bf16 linears on AMX run on the tiles (amx_linear) at every row count, for the same reason;
 - int8 linears need nothing: their rows are independent on every path (int8_linear.py);
 - attention runs every row, prompt rows included, through the decode kernel (each row its own
@@ -20,7 +21,7 @@ Norms, RoPE, activations and the sampler are per row already; a seeded request d
 own generator (engine/sampler.py). tests/unit/test_batch_invariance.py holds each piece to it.
 
 What it costs (docs/benchmarks.md): few-row steps lose their matvec kernels and the decode
-stack (one stream of the embedded model ≈ 0.43× the default), batches lose the bf16 copy
+stack (one stream of the embedded model ≈ 0.55× the default on an AMX CPU), batches lose the bf16 copy
 (≈ 0.85× at 32 streams), and prompts attend row by row. Where a piece has no batch-invariant
 path (float32, no native kernels, a bf16 checkpoint without AMX, mixture-of-experts layers, a
 GGUF file with float linear weights) the engine refuses to start and says which.
