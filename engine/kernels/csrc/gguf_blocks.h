@@ -293,10 +293,34 @@ inline void codes_f32(__m256i codes, __m512& lo, __m512& hi) {
   }
 }
 
+// Formats whose sub-block has one scale and min and codes of at most 5 bits: bf16_weights
+// computes the sub-block's 2^bits possible weights once and looks each weight up (vpermw)
+// instead of converting all 32 codes to fp32 and back (measured 1.2-1.3x faster on
+// gguf_tiles.cpp's kernel); the same fma and the same rounding, so the same bits.
+template <class F>
+constexpr bool kLookup = F::kGroup == 32 && !F::kSigned && F::kCodeBits <= 5;
+
+template <class F>
+inline __m512bh looked_up_weights(const uint8_t* row, int64_t b, const float* scale,
+                                  const float* min) {
+  const __m512 d = _mm512_set1_ps(scale[b]), m = _mm512_set1_ps(min[b]);
+  const __m512 codes_lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 lo = _mm512_fmadd_ps(d, codes_lo, m);
+  const __m512 hi = F::kCodeBits > 4
+                        ? _mm512_fmadd_ps(d, _mm512_add_ps(codes_lo, _mm512_set1_ps(16)), m)
+                        : lo;
+  const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // words: weight of code i
+  const __m512i codes = _mm512_and_si512(
+      F::words(row + (b / kSubs<F>) * F::kBytes, static_cast<int>(b % kSubs<F>)),
+      _mm512_set1_epi16((1 << F::kCodeBits) - 1));
+  return (__m512bh)_mm512_permutexvar_epi16(codes, table);
+}
+
 // Sub-block b's weights exactly (as gguf-py's float32), then rounded to bf16 (nearest even).
 template <class F>
 inline __m512bh bf16_weights(const uint8_t* row, int64_t b, const float* scale,
                              const float* min) {
+  if constexpr (kLookup<F>) return looked_up_weights<F>(row, b, scale, min);
   __m512 lo, hi;
   codes_f32<F>(sub_block_codes<F>(row, b), lo, hi);
   const int64_t g_lo = b * 32 / F::kGroup, g_hi = (b * 32 + 16) / F::kGroup;
