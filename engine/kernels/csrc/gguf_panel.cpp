@@ -54,27 +54,6 @@ struct Scratch {
 
 constexpr int64_t kPanelRows = 32;  // weight rows per panel: the 32 rows of one block's A tiles
 
-// out[m0 + j, n0 + i] = block[i * 32 + j] (+ bias[n0 + i]) for j < rows, i < cols.
-void write_transposed(const float* block, const bf16* bias, bf16* out, int64_t N, int64_t m0,
-                      int64_t rows, int64_t n0, int64_t cols) {
-  const __m512i column = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(32));
-  const int64_t cols_lo = std::min<int64_t>(cols, kVecLanes), cols_hi = cols - cols_lo;
-  const __m512 bias_lo = bias ? load(bias + n0, cols_lo) : _mm512_setzero_ps();
-  const __m512 bias_hi = bias && cols_hi ? load(bias + n0 + kVecLanes, cols_hi)
-                                         : _mm512_setzero_ps();
-  for (int64_t j = 0; j < rows; ++j) {
-    bf16* dst = out + (m0 + j) * N + n0;
-    const __m512 lo = _mm512_i32gather_ps(column, block + j, 4);
-    store(dst, _mm512_add_ps(lo, bias_lo), cols_lo);
-    if (cols_hi) {
-      const __m512 hi = _mm512_i32gather_ps(column, block + kVecLanes * 32 + j, 4);
-      store(dst + kVecLanes, _mm512_add_ps(hi, bias_hi), cols_hi);
-    }
-  }
-}
-
 template <class F>
 void panel_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w, const bf16* bias,
                bf16* out, int64_t M) {
@@ -92,7 +71,8 @@ void panel_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w, co
         decode_panel<F>(w, n0, cols, kPanelRows, s.panel.data(), s.scale.data(), s.min.data());
         for (int64_t m0 = chunk; m0 < chunk_end; m0 += 32) {
           amx::multiply_block(s.panel.data(), x_tiles, w.K, 0, m0, block);
-          write_transposed(block, bias, out, w.N, m0, std::min<int64_t>(32, M - m0), n0, cols);
+          amx::write_transposed(block, bias, out, w.N, m0, std::min<int64_t>(32, M - m0), n0,
+                                cols);
         }
       }
       _tile_release();
@@ -164,6 +144,29 @@ void panel_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* ou
 }
 
 }  // namespace
+
+#ifdef __AMX_BF16__
+// amx.h: also the epilogue of gguf_tiles.cpp.
+void amx::write_transposed(const float* block, const bf16* bias, bf16* out, int64_t N,
+                           int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
+  const __m512i column = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(32));
+  const int64_t cols_lo = std::min<int64_t>(cols, kVecLanes), cols_hi = cols - cols_lo;
+  const __m512 bias_lo = bias ? load(bias + n0, cols_lo) : _mm512_setzero_ps();
+  const __m512 bias_hi = bias && cols_hi ? load(bias + n0 + kVecLanes, cols_hi)
+                                         : _mm512_setzero_ps();
+  for (int64_t j = 0; j < rows; ++j) {
+    bf16* dst = out + (m0 + j) * N + n0;
+    const __m512 lo = _mm512_i32gather_ps(column, block + j, 4);
+    store(dst, _mm512_add_ps(lo, bias_lo), cols_lo);
+    if (cols_hi) {
+      const __m512 hi = _mm512_i32gather_ps(column, block + kVecLanes * 32 + j, 4);
+      store(dst + kVecLanes, _mm512_add_ps(hi, bias_hi), cols_hi);
+    }
+  }
+}
+#endif  // __AMX_BF16__
 
 void gguf_panel_linear_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w,
                            const bf16* bias, bf16* out, int64_t M) {

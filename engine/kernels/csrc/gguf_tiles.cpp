@@ -23,8 +23,6 @@
 #include "amx.h"
 #include "gguf_blocks.h"
 #include "gguf_linear.h"
-#include "kernels.h"
-#include "vec.h"
 
 namespace meterserve {
 namespace {
@@ -46,28 +44,14 @@ std::vector<uint32_t> pack_rows(const bf16* x, int64_t M, int64_t K) {
   return tiles;
 }
 
-// A thread's scratch: the item's scales and mins per row, the staging tiles, C read back.
+// A thread's scratch: the item's scales and mins per row, the staging tiles, C read back
+// (block[i * 32 + m]: weight row i, x row m < 16, amx::write_transposed's layout).
 struct Scratch {
   std::vector<float> scale, min;  // [kGroupRows][groups]
   alignas(64) bf16 stage[2][kGroupRows * 32];
-  alignas(64) float sums[kGroupRows * kRows];
+  alignas(64) float block[kGroupRows * kGroupRows];
   explicit Scratch(int64_t groups) : scale(kGroupRows * groups), min(kGroupRows * groups) {}
 };
-
-// out[m][n0 + i] = sums[i][m] (+ bias) for m < M, i < rows.
-void write_back(const float* sums, const bf16* bias, bf16* out, int64_t N, int64_t M,
-                int64_t n0, int64_t rows) {
-  const __m512i column = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(kRows));
-  for (int64_t i = 0; i < rows; i += kVecLanes) {
-    const int64_t n = std::min<int64_t>(kVecLanes, rows - i);
-    const __m512 b = bias ? load(bias + n0 + i, n) : _mm512_setzero_ps();
-    for (int64_t m = 0; m < M; ++m)
-      store(out + m * N + n0 + i,
-            _mm512_add_ps(_mm512_i32gather_ps(column, sums + i * kRows + m, 4), b), n);
-  }
-}
 
 // Sub-block kt of the item's rows, as bf16, into a staging tile pair (rows past `rows` stay
 // zero).
@@ -107,9 +91,9 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
     _tile_dpbf16ps(0, 2, 4);
     _tile_dpbf16ps(1, 3, 4);
   }
-  _tile_stored(0, s.sums, kRows * sizeof(float));
-  _tile_stored(1, s.sums + kRows * kRows, kRows * sizeof(float));
-  write_back(s.sums, bias, out, w.N, M, n0, rows);
+  _tile_stored(0, s.block, kGroupRows * sizeof(float));
+  _tile_stored(1, s.block + kRows * kGroupRows, kGroupRows * sizeof(float));
+  amx::write_transposed(s.block, bias, out, w.N, 0, M, n0, rows);
 }
 
 template <class F>
