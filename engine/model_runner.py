@@ -98,9 +98,14 @@ def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:
     if isinstance(module, PackedLinear | Int8Linear):
         return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
     if isinstance(module, GGUFLinear):  # the stored blocks (large batches: its bf16 copy, if any)
-        return module.bytes_read(1), module.bytes_read(SMALL_BATCH_ROWS + 1)
+        return module.bytes_read(1), module.bytes_read(module.blocks_rows() + 1)
     own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
     return own, own
+
+
+def _tiled(module: torch.nn.Module) -> bool:
+    """A GGUF linear reading its blocks past SMALL_BATCH_ROWS rows (the AMX tiles)."""
+    return isinstance(module, GGUFLinear) and module.blocks_rows() > SMALL_BATCH_ROWS
 
 
 class ModelRunner:
@@ -210,23 +215,39 @@ class ModelRunner:
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""
         head = self.model.lm_head
-        body_small = body_large = expert = 0
+        body_small = body_large = expert = tiled_small = tiled_large = tile_rows = 0
+        # A GGUF linear's bf16 copy is a child module; its bytes are its owner's large path.
+        copies = {id(m.large) for m in self.model.modules() if isinstance(m, GGUFLinear)}
         for name, module in self.model.named_modules():
-            if module is head or name == "embed_tokens":
+            if module is head or name == "embed_tokens" or id(module) in copies:
                 continue
             if isinstance(module, SparseMoE):  # its own tensors are the experts; the router
                 expert = module.bytes_per_expert  # is a child linear, in the body
                 continue
             small, large = _module_bytes(module)
-            body_small += small
-            body_large += large
+            if _tiled(module):
+                tiled_small, tiled_large = tiled_small + small, tiled_large + large
+                tile_rows = module.blocks_rows()
+            else:
+                body_small, body_large = body_small + small, body_large + large
         head_small, head_large = _module_bytes(head)
         row = self.shape.hidden_size * self.dtype_bytes
         small_rows = SMALL_BATCH_ROWS if self.kernels is not None else 0
         stack = self.model.decode_stack  # built with the KV cache: call after allocate_kv_cache
         stack_rows = 0 if stack is None else stack.max_rows
         return WeightBytes(
-            body_small, body_large, head_small, head_large, row, small_rows, stack_rows, expert
+            body_small,
+            body_large,
+            head_small,
+            head_large,
+            row,
+            small_rows,
+            stack_rows,
+            expert,
+            tile_rows,
+            tiled_small,
+            tiled_large,
+            head_rows=head.blocks_rows() if _tiled(head) else None,
         )
 
     @property

@@ -194,7 +194,9 @@ class WeightBytes:
     at most `decode_stack_rows` rows runs the body in the decode stack, on the small-batch
     layouts (engine/models/decode_stack.py); 0: no decode stack. `expert`: bytes of one
     expert's weights, read once per step for each (layer, expert) pair the step runs; the
-    body_* figures leave the experts out (0: a dense model).
+    body_* figures leave the experts out (0: a dense model). GGUF linears on an AMX CPU read
+    their blocks up to `tile_rows` rows (gguf_linear's tiles), past small_batch_rows: their
+    bytes are body_tiled_* rather than body_*, and a head among them has head_rows = tile_rows.
     """
 
     body_small: float  # every layer (linears, norms) but the embedding and LM head
@@ -205,15 +207,34 @@ class WeightBytes:
     small_batch_rows: int = 0
     decode_stack_rows: int = 0
     expert: float = 0.0
+    tile_rows: int = 0
+    body_tiled_small: float = 0.0
+    body_tiled_large: float = 0.0
+    head_rows: int | None = None  # the head's small-layout limit; None: small_batch_rows
 
     def body(self, num_rows: int, decode_only: bool = False) -> float:
         limit = max(self.small_batch_rows, self.decode_stack_rows if decode_only else 0)
-        return self.body_small if 0 < num_rows <= limit else self.body_large
+        small = 0 < num_rows <= limit
+        tiled_small = 0 < num_rows <= max(limit, self.tile_rows)
+        return (self.body_small if small else self.body_large) + (
+            self.body_tiled_small if tiled_small else self.body_tiled_large
+        )
 
     def head(self, num_rows: int) -> float:
         if num_rows == 0:
             return 0.0
-        return self.head_small if num_rows <= self.small_batch_rows else self.head_large
+        limit = self.small_batch_rows if self.head_rows is None else self.head_rows
+        return self.head_small if num_rows <= limit else self.head_large
+
+    @property
+    def small_total(self) -> float:
+        """Bytes of a one-row pass: every weight on its small-batch layout."""
+        return self.body_small + self.body_tiled_small + self.head_small
+
+    @property
+    def large_total(self) -> float:
+        """Bytes of a pass past every small-batch limit."""
+        return self.body_large + self.body_tiled_large + self.head_large
 
     @classmethod
     def dense(cls, shape: ModelShape) -> WeightBytes:

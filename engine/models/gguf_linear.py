@@ -55,8 +55,9 @@ class GGUFLinear(nn.Module):
         self.dtype = dtype
         self.kernels = None  # set by use_kernels(); None: dequantize per call
         self.avx2 = None  # set by use_avx2_kernels() (float32)
+        self.tile_rows = 0  # set by use_kernels(): gguf_linear's AMX tile limit, 0 without AMX
         # With EngineConfig.gguf_large_batch "bf16": the weight dequantized to bf16 once, in the
-        # large-batch layout of a bf16 layer, for passes of more than SMALL_BATCH_ROWS rows
+        # large-batch layout of a bf16 layer, for passes of more rows than blocks_rows()
         # (measured: the block panels are several times slower than those tiles at 64 rows).
         self.large: PackedLinear | None = None
         # Set by engine/batch_invariance.py: every row count on the block panels (weights
@@ -68,6 +69,7 @@ class GGUFLinear(nn.Module):
         large_batch_bf16: also keep a bf16 copy for large batches (see self.large)."""
         self.kernels = kernels
         self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
+        self.tile_rows = kernels.GGUF_TILE_ROWS if kernels.amx_available() else 0
         if large_batch_bf16:
             self.large = PackedLinear(self.to_linear(), kernels)
             self.large.weight = None  # its row-major copy: small batches read the blocks
@@ -109,8 +111,14 @@ class GGUFLinear(nn.Module):
     def _avx2_dequantizes(self, num_rows: int) -> bool:
         return self.avx2 is not None and num_rows > AVX2_PANEL_ROWS
 
+    def blocks_rows(self) -> int:
+        """The most rows a pass reads from the blocks while a bf16 copy exists: on AMX the tiles
+        take up to GGUF_TILE_ROWS (a drafted decode, a decode step of 9-16 requests), reading a
+        quarter of the copy's bytes; without AMX the small-batch kernels' SMALL_BATCH_ROWS."""
+        return max(packed_linear.SMALL_BATCH_ROWS, self.tile_rows)
+
     def _large_path(self, num_rows: int) -> bool:
-        return self.large is not None and num_rows > packed_linear.SMALL_BATCH_ROWS
+        return self.large is not None and num_rows > self.blocks_rows()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

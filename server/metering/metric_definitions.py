@@ -264,8 +264,8 @@ class MetricDefinitions:
             "few rows, in the stored format; large_batch: matmuls over bf16/float32).",
             ("path",),
         )
-        weight_bytes.labels(m, "small_batch").set(weights.body_small + weights.head_small)
-        weight_bytes.labels(m, "large_batch").set(weights.body_large + weights.head_large)
+        weight_bytes.labels(m, "small_batch").set(weights.small_total)
+        weight_bytes.labels(m, "large_batch").set(weights.large_total)
         peaks = self.meter.peaks
         self._gauge("peak_flops_per_second", "Peak FLOP/s used for MFU.", ("source",)).labels(
             m, peaks.flops_source

@@ -1,14 +1,14 @@
 """The native DecodeStack against the per-layer Python path it replaces, on the served model.
 
 The engine serves the embedded SmolLM2 Q4_1 GGUF in bfloat16, as the server does. Every
-decode-only step of 1-8 rows runs twice: first through the Python layer loop
-(LlamaForCausalLM.forward with the stack detached, its linears held to the small-batch kernels
-up to the stack's row limit), then through the stack. The stack makes the
-same kernel calls in the same order, so both must give bit-identical hidden states and write
-bit-identical keys and values (the second run overwrites the first's slots with its own).
-Eight requests of different lengths leave one by one, so steps of every size from 8 rows to
-1 occur (above 4 rows the GGUF matvecs take their bf16-weight path), with contexts that cross
-block boundaries; sampled and greedy rows mix.
+decode-only step of 1 to the stack's row limit (8; 16 on an AMX CPU, where 5-16 rows take the
+GGUF tiles) runs twice: first through the Python layer loop (LlamaForCausalLM.forward with the
+stack detached, its linears held to the small-batch kernels up to the stack's row limit), then
+through the stack. The stack makes the same kernel calls in the same order, so both must give
+bit-identical hidden states and write bit-identical keys and values (the second run overwrites
+the first's slots with its own). As many requests as the limit, of different lengths, leave one
+by one, so steps of every size from the limit to 1 occur, with contexts that cross block
+boundaries; sampled and greedy rows mix.
 """
 
 from __future__ import annotations
@@ -70,9 +70,11 @@ def test_stack_equals_the_layer_loop(served_llm) -> None:
     checker = BothWays(model)
     model.forward = checker
     try:
-        lengths = (5, 16, 31, 47, 9, 22, 64, 3)
+        rows = checker.stack.max_rows
+        lengths = (5, 16, 31, 47, 9, 22, 64, 3, 12, 40, 7, 27, 18, 35, 11, 50)[:rows]
         prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate(lengths)]
-        max_tokens = (20, 12, 28, 6, 9, 15, 24, 3)  # all different: 8 rows, then 7, ..., 1
+        # All different: `rows` rows, then one fewer, ..., 1.
+        max_tokens = (20, 12, 28, 6, 9, 15, 24, 3, 30, 4, 17, 26, 8, 22, 13, 33)[:rows]
         params = [
             SamplingParams(max_tokens=n, ignore_eos=True, temperature=0, seed=i)
             if i % 2
@@ -83,7 +85,8 @@ def test_stack_equals_the_layer_loop(served_llm) -> None:
     finally:
         del model.forward  # the instance attribute; the class's forward again
     assert [len(o.token_ids) for o in outputs] == list(max_tokens)
-    assert checker.rows_checked == set(range(1, 9))
+    assert checker.stack.max_rows == (16 if served_llm.engine.runner.kernels.amx_available() else 8)
+    assert checker.rows_checked == set(range(1, rows + 1))
     # All eight prompts prefill in one step; every step after it is a decode-only step.
     assert checker.steps == max(len(o.token_ids) for o in outputs) - 1
 

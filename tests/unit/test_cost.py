@@ -227,6 +227,22 @@ def test_decode_only_steps_up_to_the_stack_limit_read_the_small_body():
     assert model.step_cost(nine).chunk_bytes[0] == pytest.approx(2384 / 9 + 160 / 9 + 368)
 
 
+def test_gguf_layers_on_amx_tiles_read_their_blocks_up_to_the_tile_rows():
+    """On an AMX CPU a GGUF model's block layers (body_tiled_*, and a head with head_rows)
+    read their blocks up to tile_rows; other layers switch at small_batch_rows."""
+    weights = WeightBytes(
+        body_small=100, body_large=400, head_small=50, head_large=160, embedding_row=16,
+        small_batch_rows=4, tile_rows=16, body_tiled_small=600, body_tiled_large=1984,
+        head_rows=16,
+    )  # fmt: skip
+    assert weights.body(4) == 700 and weights.head(4) == 50
+    assert weights.body(5) == 400 + 600 and weights.body(16) == 1000 and weights.head(16) == 50
+    assert weights.body(17) == 2384 and weights.head(17) == 160
+    assert (weights.small_total, weights.large_total) == (750, 2544)
+    stack = dataclasses.replace(weights, decode_stack_rows=16)
+    assert stack.body(16, decode_only=True) == 700 and stack.body(16) == 1000
+
+
 def test_weight_bytes_dense_is_every_weight_in_the_run_time_dtype():
     dense = WeightBytes.dense(TINY)
     assert (dense.body(1), dense.body(100), dense.head(1), dense.head(100)) == (

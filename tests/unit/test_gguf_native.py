@@ -98,14 +98,24 @@ def test_weight_bytes_are_the_stored_blocks(gguf_files, kernels) -> None:
     body = sum(m.bytes_read() for m in linears if m is not runner.model.lm_head)
     norms = sum(p.numel() * 2 for n, p in runner.model.named_parameters() if "norm" in n)
     bytes_read = runner.weight_bytes()
-    assert bytes_read.body_small == bytes_read.body_large == body + norms
-    assert bytes_read.head_small == runner.model.lm_head.bytes_read()
+    assert bytes_read.body(1) == bytes_read.body(64) == body + norms
+    assert bytes_read.head(1) == bytes_read.head(64) == runner.model.lm_head.bytes_read()
     # Qwen2: a Q6_K head of 512 rows x 256 (210 bytes per 256 weights).
     assert runner.model.lm_head.bytes_read() == 512 * 210
-    # With a bf16 copy for large batches, those read it: 2 bytes a weight.
+    # With a bf16 copy for large batches, those read it: 2 bytes a weight. On an AMX CPU the
+    # blocks serve up to 16 rows (the tiles), else up to 4.
     copied = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16"), checkpoint, 64)
-    assert copied.model.lm_head.bytes_read(64) == 512 * 256 * 2
-    assert copied.model.lm_head.bytes_read(1) == 512 * 210
+    head, blocks_rows = copied.model.lm_head, 16 if kernels.amx_available() else 4
+    assert head.blocks_rows() == blocks_rows
+    assert head.bytes_read(1) == head.bytes_read(blocks_rows) == 512 * 210
+    assert head.bytes_read(blocks_rows + 1) == head.bytes_read(64) == 512 * 256 * 2
+    copied_bytes = copied.weight_bytes()
+    linears = [m for m in copied.model.modules() if isinstance(m, GGUFLinear) and m is not head]
+    copies = sum(m.bytes_read(64) for m in linears)  # the bf16 copies (and Qwen2's qkv biases)
+    assert copied_bytes.body(blocks_rows) == body + norms
+    assert copied_bytes.body(blocks_rows + 1) == copied_bytes.body(64) == copies + norms
+    assert copied_bytes.head(blocks_rows) == 512 * 210
+    assert copied_bytes.head(blocks_rows + 1) == 512 * 256 * 2
 
 
 def test_loading_the_embedded_model_keeps_one_copy(kernels) -> None:

@@ -89,7 +89,7 @@ def test_int4_layers_with_bias_and_the_bytes_the_meter_counts(tmp_path: Path) ->
         p.numel() * p.element_size() for n, p in runner.model.named_parameters() if "norm" in n
     )
     bytes_ = runner.weight_bytes()
-    assert bytes_.body_small == bytes_.body_large == blocks + biases + norms
+    assert bytes_.body(1) == bytes_.body(64) == blocks + biases + norms
 
 
 def test_int4_flag() -> None:

@@ -4,6 +4,7 @@
 #include "binding_checks.h"
 #include "decode_stack_binding.h"
 #include "gguf_binding.h"
+#include "gguf_linear.h"
 #include "int8_linear_binding.h"
 
 namespace meterserve {
@@ -382,6 +383,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("spans"), py::arg("block_size"), py::arg("scale"),
         py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, without_gil);
   m.attr("MAX_SMALL_BATCH_ROWS") = kSmallBatchRows;  // the decode stack of a GGUF model
+  m.attr("GGUF_TILE_ROWS") = kGgufTileRows;  // gguf_linear's AMX tiles take up to this many rows
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
   bind_gguf(m);          // gguf_linear (gguf_binding.cpp)
   bind_int8_linear(m);

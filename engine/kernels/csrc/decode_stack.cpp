@@ -1,6 +1,7 @@
-// Every decoder layer of a decode-only step of at most 8 rows in one native call.
+// Every decoder layer of a decode-only step of a few rows in one native call: at most 8, or 16
+// when every linear is a GGUF file's blocks and the CPU has AMX (decode_stack.h's limit).
 //
-// At one to eight rows a layer is ~10 kernel calls of a few microseconds each; run one by one
+// At a few rows a layer is ~10 kernel calls of a few microseconds each; run one by one
 // from Python, the calls, their argument checks and the tensor views between them cost about
 // as much as the arithmetic (≈ 1.3 ms of a 4.7 ms single-stream step). This file makes the
 // same calls, on the same kernels, in the same order and with the same roundings, as
@@ -14,15 +15,24 @@
 namespace meterserve {
 namespace {
 
-// Parts of a GGUF linear, each multiplied as GGUFLinear.forward does (gguf_linear of at most
-// 8 rows) and its columns placed where torch.cat puts them.
+// One GGUF part, as the gguf_linear binding multiplies it: gguf_small_linear up to 8 rows (the
+// exact weights up to 4, AMX tiles above), the tiles at 9-16 (only reached on AMX).
+void gguf_part(const bf16* x, const GgufWeight& w, bf16* out, int64_t rows) {
+  if (rows <= kSmallBatchRows)
+    gguf_small_linear(x, w, nullptr, out, rows);
+  else
+    gguf_tile_linear(x, w, nullptr, out, rows);
+}
+
+// Parts of a GGUF linear, each multiplied as GGUFLinear.forward does and its columns placed
+// where torch.cat puts them.
 void gguf_parts(const bf16* x, const SmallLinear& w, bf16* out, int64_t rows) {
-  if (w.gguf.size() == 1) return gguf_small_linear(x, w.gguf[0].weight, nullptr, out, rows);
+  if (w.gguf.size() == 1) return gguf_part(x, w.gguf[0].weight, out, rows);
   std::vector<bf16> part_out;
   for (const GgufPart& part : w.gguf) {
     const int64_t N = part.weight.N;
     part_out.resize(rows * N);
-    gguf_small_linear(x, part.weight, nullptr, part_out.data(), rows);
+    gguf_part(x, part.weight, part_out.data(), rows);
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(part_out.data() + r * N, N, out + r * w.out_features + part.first_column);
   }
@@ -70,6 +80,10 @@ void attend_and_mix(const DecodeLayer& layer, const DecodeStackShape& s, const D
 }
 
 }  // namespace
+
+int64_t decode_stack_max_rows(bool all_gguf) {
+  return all_gguf && amx_available() ? kGgufTileRows : kSmallBatchRows;
+}
 
 void decode_stack(const std::vector<DecodeLayer>& layers, const DecodeStackShape& s,
                   const DecodeStep& step, const bf16* final_norm, bf16* hidden,

@@ -43,13 +43,18 @@ struct DecodeStackShape {
 
 // One token per row, each a decode of its own request.
 struct DecodeStep {
-  int64_t rows;                 // 1..kSmallBatchRows
+  int64_t rows;                 // 1..decode_stack_max_rows
   const int64_t* positions;     // [rows]
   const int64_t* slots;         // [rows]: the cache slot of each row's new K/V
   const int64_t* block_tables;  // [rows, max_blocks]
   int64_t max_blocks;
   const int64_t* context_lens;  // [rows], after this step's K/V
 };
+
+// The most rows a stack takes: kSmallBatchRows, or kGgufTileRows when every linear is GGUF
+// blocks and AMX is usable (there gguf_tile_linear multiplies 5-16 rows for the cost of
+// 1.4-2 single-row passes, where the bf16 copy the layer loop would take reads 4x the bytes).
+int64_t decode_stack_max_rows(bool all_gguf);
 
 // hidden [rows, hidden_size]: the embeddings in, the final-normed hidden states out;
 // residual: scratch of the same size (the residual stream).

@@ -66,16 +66,21 @@ class DecodeStack {
       layer.value_cache = cache(value_caches[i]);
       layers_.push_back(layer);
     }
+    bool all_gguf = true;
+    for (const auto& spec : linears) all_gguf = all_gguf && std::get<0>(spec) == kGgufParts;
+    max_rows_ = decode_stack_max_rows(all_gguf);
   }
+
+  int64_t max_rows() const { return max_rows_; }
 
   // hidden: [rows, hidden_size] embeddings, one decode per row -> the final-normed hidden.
   torch::Tensor run(const torch::Tensor& hidden, const torch::Tensor& positions,
                     const torch::Tensor& slots, const torch::Tensor& block_tables,
                     const torch::Tensor& context_lens) const {
-    TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= kSmallBatchRows &&
+    TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= max_rows_ &&
                     hidden.size(1) == shape_.hidden_size &&
                     hidden.scalar_type() == torch::kBFloat16,
-                "DecodeStack.run: hidden must be bfloat16 [1..", kSmallBatchRows, ", hidden_size]");
+                "DecodeStack.run: hidden must be bfloat16 [1..", max_rows_, ", hidden_size]");
     const int64_t rows = hidden.size(0);
     check_rows(positions, rows, "positions");
     check_rows(slots, rows, "slots");
@@ -210,18 +215,20 @@ class DecodeStack {
   std::vector<DecodeLayer> layers_;
   DecodeStackShape shape_{};
   const bf16* final_norm_ = nullptr;
-  int64_t max_positions_ = 0, num_slots_ = 0;
+  int64_t max_positions_ = 0, num_slots_ = 0, max_rows_ = kSmallBatchRows;
 };
 
 }  // namespace
 
 void bind_decode_stack(pybind11::module_& m) {
   pybind11::class_<DecodeStack>(m, "DecodeStack",
-                                "a model's decoder layers for decode-only steps of 1-8 rows")
+                                "a model's decoder layers for decode-only steps of 1 to max_rows rows")
       .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<LinearSpec>&,
                           const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, int64_t,
                           double, double>())
+      .def_property_readonly("max_rows", &DecodeStack::max_rows,
+                             "8, or 16 when every linear is GGUF blocks and AMX is usable")
       .def("run", &DecodeStack::run,
            "embeddings [rows, hidden] of decode rows -> final-normed hidden states");
 }
