@@ -215,7 +215,7 @@ void rounded_row(const uint8_t* row, const float* scale, const float* min,
 // How far ahead of the row being multiplied its thread prefetches the blocks. Each thread
 // walks its rows in order, and at 1-8 rows the arithmetic per byte is small, so without it a
 // thread waits on DRAM between rows (measured on a 2-core AMX Xeon, 58 MB of Q4_1 blocks, one
-// row: 8.9-9.4 GB/s without, 12-14.5 GB/s with 2-3 KB ahead; nearer helped less, 12 KB no more).
+// row: 8.9-9.4 GB/s without, 12-14.5 GB/s with 2-3 KB ahead; nearer helped less, 6 KB no more).
 constexpr int64_t kPrefetchBytes = 2048;
 
 // The cache lines of the next row_bytes bytes kPrefetchBytes past row: one row's worth, so
