@@ -65,10 +65,29 @@ inline void stage_sub_block(const GgufWeight& w, int64_t n0, int64_t rows, int64
                                                       &s.scale[i * groups], &s.min[i * groups]));
 }
 
+// The blocks of the item after this one (the next kGroupRows weight rows, contiguous: static
+// scheduling gives each thread consecutive items), a k tile's share of their cache lines at a
+// time, so they are in cache when that item starts. An item reads its 32 rows at a stride of a
+// row, which the hardware prefetchers do not follow: without this, each item waited on DRAM
+// (embedded model's Q4_1 shapes, 30 layers, 2 threads, 2-core AMX Xeon: 7.5-8.6 ms at 9-16
+// rows, 5.8-6.8 ms with it). Past the weight's end the hint is harmless.
+struct PrefetchNext {
+  const char* start;
+  int64_t lines_per_tile;
+  PrefetchNext(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t k_tiles)
+      : start(reinterpret_cast<const char*>(blocks + n * row_bytes)),
+        lines_per_tile((kGroupRows * row_bytes / 64 + k_tiles - 1) / k_tiles) {}
+  void part(int64_t kt) const {
+    for (int64_t l = 0; l < lines_per_tile; ++l)
+      _mm_prefetch(start + (kt * lines_per_tile + l) * 64, _MM_HINT_T0);
+  }
+};
+
 // Weight rows [n0, n0 + rows), rows <= 32, into out's columns n0... Two staging buffers: the
 // next sub-block is decoded before the current one's tile loads, so the loads do not wait
 // on stores just issued. (Tried and slower: decoding each row whole into a [32, K] panel and
-// loading tiles from it, 1.3x; prefetching the rows' blocks 8 sub-blocks ahead.)
+// loading tiles from it, 1.3x; prefetching the item's own rows 8 sub-blocks ahead, where
+// PrefetchNext fetches the next item's.)
 template <class F>
 void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
                Scratch& s, const bf16* bias, bf16* out, int64_t M) {
@@ -81,8 +100,10 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
   _tile_zero(0);
   _tile_zero(1);
   const int64_t k_tiles = w.K / 32;
+  const PrefetchNext next(w.blocks, row_bytes, n0 + rows, k_tiles);
   stage_sub_block<F>(w, n0, rows, 0, s, s.stage[0]);
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    next.part(kt);
     const bf16* stage = s.stage[kt & 1];
     if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
     _tile_loadd(2, stage, 64);
