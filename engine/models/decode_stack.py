@@ -1,7 +1,7 @@
 """DecodeStack: a Llama model's decoder layers as one native call for small decode steps.
 
 A decode-only step of a few rows (single- and few-stream serving, drafted decodes: 1-8 rows of
-a GGUF model, 1-16 on an AMX CPU; 1-4 of a bf16 model) runs each layer's ~10 kernels from
+a GGUF model, 1-32 on an AMX CPU; 1-4 of a bf16 model) runs each layer's ~10 kernels from
 Python: with the calls, their argument checks and the views between them, that is ≈ 1.3 ms of a
 ≈ 4.7 ms single-stream step. The native DecodeStack (engine/kernels/csrc/decode_stack.cpp) makes the
 same kernel calls in the same order from C++: its output is bit-identical to
@@ -89,8 +89,8 @@ def _max_rows(linears, native) -> int:
     """The stack's row limit. With GGUF blocks in every linear, the native stack's own: 8 (above
     4 rows each block is dequantized to bf16 once for all rows; measured on AMD EPYC without
     AMX, SmolLM2 decode steps of 6 and 8 rows 9.5-11.3 and 10.5-11.7 ms, against 12.6-15.7 and
-    14.0-14.6 ms on oneDNN's bf16 layout), 16 on an AMX CPU, where gguf_linear's tiles take 5-16
-    rows for about the cost of 5 (a drafted decode, a step of 9-16 requests; GGUFLinear keeps
+    14.0-14.6 ms on oneDNN's bf16 layout), 32 on an AMX CPU, where gguf_linear's tiles take 5-32
+    rows, 16 for about the cost of 5 (a drafted decode, a step of 9-32 requests; GGUFLinear keeps
     such passes on the blocks too, so both paths agree bit for bit). A bf16 model (AMX CPUs:
     tiles or row-major) stays at SMALL_BATCH_ROWS: its 5-8-row matvecs were not measured against
     the AMX tiles."""

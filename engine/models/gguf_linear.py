@@ -113,7 +113,7 @@ class GGUFLinear(nn.Module):
 
     def blocks_rows(self) -> int:
         """The most rows a pass reads from the blocks while a bf16 copy exists: on AMX the tiles
-        take up to GGUF_TILE_ROWS (a drafted decode, a decode step of 9-16 requests), reading a
+        take up to GGUF_TILE_ROWS (a drafted decode, a decode step of 9-32 requests), reading a
         quarter of the copy's bytes; without AMX the small-batch kernels' SMALL_BATCH_ROWS."""
         return max(packed_linear.SMALL_BATCH_ROWS, self.tile_rows)
 

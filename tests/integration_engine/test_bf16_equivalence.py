@@ -38,7 +38,7 @@ MAX_NEW_TOKENS = 64
 # Waves of concurrent requests (prompt indices), run in this order, growing. Decode batches of
 # <= 8 rows read the GGUF blocks in the decode stack (kernels' MAX_SMALL_BATCH_ROWS), exactly
 # up to 4 rows; 9 rows take the packed bf16 weights (on an AMX CPU the stack's GGUF tiles,
-# which take 5-16 rows; prompts of more than 16 tokens take the bf16 weights there).
+# which take 5-32 rows; prompts of more than 32 tokens take the bf16 weights there).
 WAVES = ((1, 9), (3, 7, 11, 13, 15), (0, 2, 4, 5, 6, 8, 10, 12, 14))
 
 # Why 0.75 nats. HF's logits are bf16 values. This model's top logits reach 44 (measured; 2 to

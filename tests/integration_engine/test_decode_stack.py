@@ -1,7 +1,7 @@
 """The native DecodeStack against the per-layer Python path it replaces, on the served model.
 
 The engine serves the embedded SmolLM2 Q4_1 GGUF in bfloat16, as the server does. Every
-decode-only step of 1 to the stack's row limit (8; 16 on an AMX CPU, where 5-16 rows take the
+decode-only step of 1 to the stack's row limit (8; 32 on an AMX CPU, where 5-32 rows take the
 GGUF tiles) runs twice: first through the Python layer loop (LlamaForCausalLM.forward with the
 stack detached, its linears held to the small-batch kernels up to the stack's row limit), then
 through the stack. The stack makes the same kernel calls in the same order, so both must give
@@ -71,10 +71,12 @@ def test_stack_equals_the_layer_loop(served_llm) -> None:
     model.forward = checker
     try:
         rows = checker.stack.max_rows
-        lengths = (5, 16, 31, 47, 9, 22, 64, 3, 12, 40, 7, 27, 18, 35, 11, 50)[:rows]
+        lengths = (5, 16, 31, 47, 9, 22, 64, 3, 12, 40, 7, 27, 18, 35, 11, 50,
+                   14, 6, 33, 20, 58, 8, 25, 41, 4, 17, 29, 52, 10, 36, 2, 44)[:rows]  # fmt: skip
         prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate(lengths)]
         # All different: `rows` rows, then one fewer, ..., 1.
-        max_tokens = (20, 12, 28, 6, 9, 15, 24, 3, 30, 4, 17, 26, 8, 22, 13, 33)[:rows]
+        max_tokens = (20, 12, 28, 6, 9, 15, 24, 3, 30, 4, 17, 26, 8, 22, 13, 33,
+                      35, 2, 19, 31, 10, 27, 5, 36, 14, 23, 7, 34, 18, 11, 29, 21)[:rows]  # fmt: skip
         params = [
             SamplingParams(max_tokens=n, ignore_eos=True, temperature=0, seed=i)
             if i % 2
@@ -85,9 +87,9 @@ def test_stack_equals_the_layer_loop(served_llm) -> None:
     finally:
         del model.forward  # the instance attribute; the class's forward again
     assert [len(o.token_ids) for o in outputs] == list(max_tokens)
-    assert checker.stack.max_rows == (16 if served_llm.engine.runner.kernels.amx_available() else 8)
+    assert checker.stack.max_rows == (32 if served_llm.engine.runner.kernels.amx_available() else 8)
     assert checker.rows_checked == set(range(1, rows + 1))
-    # All eight prompts prefill in one step; every step after it is a decode-only step.
+    # All the prompts prefill in one step; every step after it is a decode-only step.
     assert checker.steps == max(len(o.token_ids) for o in outputs) - 1
 
 

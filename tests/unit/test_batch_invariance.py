@@ -2,8 +2,8 @@
 row's result is bit for bit what it is when that row runs alone.
 
 - a GGUFLinear on the block panels (panels_only): every served block format, AMX tiles and
-  AVX512-BF16 dot products, each row equal to the row of a 64-row call at 1, 3, 5 and 33
-  rows, and close to the plain-torch product of the dequantized weights;
+  AVX512-BF16 dot products, each row equal to the row of a 64-row call at 1, 3, 5, 20, 32
+  and 33 rows, and close to the plain-torch product of the dequantized weights;
 - paged_decode_attention: a row's output does not depend on the other rows of the call;
 - build_lists' rows_as_decodes: prompt rows attend as decodes of their own (equal to a
   one-row decode call), and the step agrees with ReferenceAttention over the same chunks;
@@ -55,7 +55,8 @@ def test_gguf_panels_give_each_row_the_same_sums_at_every_row_count(kind) -> Non
     linear.panels_only = True
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(kind)).bfloat16()
     full = linear(x)
-    for count in (1, 3, 5, 33):
+    # Up to 32 rows the tiles (20: a second x tile, half full), above the panels.
+    for count in (1, 3, 5, 20, 32, 33):
         assert torch.equal(linear(x[:count]), full[:count]), count
     # The AVX512-BF16 panels (what a CPU without AMX takes) keep rows independent too.
     vector = KERNELS.gguf_linear(x, blocks, kind, rows, use_amx=False, small_rows=0)

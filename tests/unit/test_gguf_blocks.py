@@ -1,5 +1,5 @@
 """GGUF block formats: engine/gguf_blocks.py's dequantize against gguf-py's, and the native
-gguf_linear against dequantize (STYLE 11), per format, at 1, 5, 9, 16 and 64 rows.
+gguf_linear against dequantize (STYLE 11), per format, at 1, 5, 9, 16, 24, 32 and 64 rows.
 
 Blocks: gguf_block_samples.py.
 
@@ -75,7 +75,7 @@ def large_batch_paths() -> list[bool]:
 
 @needs_kernels
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 5, 9, 16, 64])
+@pytest.mark.parametrize("rows", [1, 5, 9, 16, 24, 32, 64])
 def test_gguf_linear_matches_its_reference(kind, rows) -> None:
     blocks = make_blocks(kind, ROWS, COLS, seed=rows)
     torch.manual_seed(rows)

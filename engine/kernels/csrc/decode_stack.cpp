@@ -1,4 +1,4 @@
-// Every decoder layer of a decode-only step of a few rows in one native call: at most 8, or 16
+// Every decoder layer of a decode-only step of a few rows in one native call: at most 8, or 32
 // when every linear is a GGUF file's blocks and the CPU has AMX (decode_stack.h's limit).
 //
 // At a few rows a layer is ~10 kernel calls of a few microseconds each; run one by one
@@ -16,7 +16,7 @@ namespace meterserve {
 namespace {
 
 // One GGUF part, as the gguf_linear binding multiplies it: gguf_small_linear up to 8 rows (the
-// exact weights up to 4, AMX tiles above), the tiles at 9-16 (only reached on AMX).
+// exact weights up to 4, AMX tiles above), the tiles at 9-32 (only reached on AMX).
 void gguf_part(const bf16* x, const GgufWeight& w, bf16* out, int64_t rows) {
   if (rows <= kSmallBatchRows)
     gguf_small_linear(x, w, nullptr, out, rows);

@@ -53,7 +53,8 @@ struct DecodeStep {
 
 // The most rows a stack takes: kSmallBatchRows, or kGgufTileRows when every linear is GGUF
 // blocks and AMX is usable (there gguf_tile_linear multiplies 5-16 rows for the cost of
-// 1.4-2 single-row passes, where the bf16 copy the layer loop would take reads 4x the bytes).
+// 1.4-2 single-row passes and 17-32 for 2.5-3, where the bf16 copy the layer loop would take
+// reads 4x the bytes).
 int64_t decode_stack_max_rows(bool all_gguf);
 
 // hidden [rows, hidden_size]: the embeddings in, the final-normed hidden states out;

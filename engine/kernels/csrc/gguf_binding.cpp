@@ -12,7 +12,7 @@ namespace {
 // x [M, K] @ w.T (+ bias) with w the ggml blocks of type `kind`, out_features rows of
 // row_bytes(kind, K) bytes (any contiguous uint8 tensor of that many bytes: [N, row_bytes] or
 // the file's flat bytes). Up to small_rows rows (at most 8) take the small-batch kernel (on
-// AMX tiles above 4 rows), more rows the AMX tile kernel up to 16, then the panels.
+// AMX tiles above 4 rows), more rows the AMX tile kernel up to 32, then the panels.
 // use_amx=False takes the AVX512-BF16 paths even where AMX is available (so both are testable
 // on one machine). The tile kernel and the AMX panels give a row the same sums, so with
 // small_rows=0 a row's result does not depend on M.

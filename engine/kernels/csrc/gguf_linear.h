@@ -27,7 +27,7 @@ constexpr int64_t kGgufExactRows = 4;
 int64_t gguf_row_bytes(int kind, int64_t K);
 
 // The tile path (gguf_tiles.cpp) takes up to this many rows.
-constexpr int64_t kGgufTileRows = 16;
+constexpr int64_t kGgufTileRows = 32;
 
 // M <= kSmallBatchRows (8): streams the blocks once for all rows, decoding as it goes. Above
 // kGgufExactRows rows, with use_amx on a CPU with AMX, gguf_tile_linear instead.

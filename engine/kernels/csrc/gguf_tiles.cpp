@@ -1,5 +1,5 @@
-// Products over GGUF blocks for a few rows (2-16) on AMX tiles: speculative verification
-// passes and small decode batches.
+// Products over GGUF blocks for a few rows (2-32) on AMX tiles: speculative verification
+// passes and decode batches of up to 32 requests.
 //
 // The vector kernel (gguf_linear.cpp) costs one dot product per row and sub-block, so above a
 // row or two it is bound by arithmetic, not by the blocks it streams (measured on the embedded
@@ -9,8 +9,14 @@
 // it into all rows: the arithmetic per row nearly vanishes, and the cost is the dequantization.
 //
 //   A = 16 weight rows x 32 k (the staging tile: each row's sub-block kt as decoded)
-//   B = x's k [32 kt, 32 kt + 32) x 16 rows, in bf16 pairs (packed once per call)
+//   B = x's k [32 kt, 32 kt + 32) x 16 rows, in bf16 pairs (packed once per call); a second
+//       B tile holds x rows 16-31 when there are more than 16
 //   C[n][m] += A . B over kt in order, so C holds out transposed (written back at the end).
+// Two A tiles (32 weight rows) by up to two B tiles (32 x rows) need four C tiles: all eight.
+// 17-32 rows cost 1.2-1.3x 16 (the embedded model's Q4_1 shapes, 30 layers, 2-core AMX Xeon:
+// 7.9 ms at 16 rows, 9.4 at 24, 10.3 at 32), about what the bf16 copy's tiles take there
+// (9.5-10.3 ms; 1.5B-shaped Q4_K: 7.5-8.2 ms against 8.3-8.7); what 17-32 rows gain is the
+// decode stack, which takes the rows the tiles take (decode_stack.h).
 // Per row the sums are those of the AMX panels (gguf_panel.cpp), which also accumulate
 // tdpbf16ps over k tiles in order: a row's result does not depend on the other rows.
 #include <immintrin.h>
@@ -32,20 +38,23 @@ namespace {
 constexpr int64_t kRows = 16;            // weight rows per A tile, x rows per B tile
 constexpr int64_t kGroupRows = 2 * kRows;  // weight rows per work item: two A tiles share B
 constexpr int64_t kPairs = 16;           // bf16 pairs per tile row (32 k)
+constexpr int64_t kTileWords = kPairs * kRows;  // one B tile
 
-// x [M, K] as K / 32 B tiles: tile kt, row r, column m = (x[m][32 kt + 2 r], x[m][.. + 1]);
-// columns m >= M zero.
-std::vector<uint32_t> pack_rows(const bf16* x, int64_t M, int64_t K) {
-  std::vector<uint32_t> tiles(K / 32 * kPairs * kRows, 0u);
+// x [M, K] as B tiles, x rows 16 h to 16 h + 15 in half h: tile (kt, h), row r, column c =
+// (x[16 h + c][32 kt + 2 r], x[..][.. + 1]), tile (kt, h) at (kt * halves + h) * kTileWords;
+// columns past M zero.
+std::vector<uint32_t> pack_rows(const bf16* x, int64_t M, int64_t K, int64_t halves) {
+  std::vector<uint32_t> tiles(K / 32 * halves * kTileWords, 0u);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t kt = 0; kt < K / 32; ++kt)
       for (int64_t r = 0; r < kPairs; ++r)
-        std::memcpy(&tiles[(kt * kPairs + r) * kRows + m], x + m * K + kt * 32 + 2 * r, 4);
+        std::memcpy(&tiles[(kt * halves + m / kRows) * kTileWords + r * kRows + m % kRows],
+                    x + m * K + kt * 32 + 2 * r, 4);
   return tiles;
 }
 
 // A thread's scratch: the item's scales and mins per row, the staging tiles, C read back
-// (block[i * 32 + m]: weight row i, x row m < 16, amx::write_transposed's layout).
+// (block[i * 32 + m]: weight row i, x row m, amx::write_transposed's layout).
 struct Scratch {
   std::vector<float> scale, min;  // [kGroupRows][groups]
   alignas(64) bf16 stage[2][kGroupRows * 32];
@@ -91,14 +100,17 @@ struct PrefetchNext {
 template <class F>
 void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
                Scratch& s, const bf16* bias, bf16* out, int64_t M) {
+  const int64_t halves = M > kRows ? 2 : 1;
   const int64_t row_bytes = w.K / F::kWeights * F::kBytes, groups = w.K / F::kGroup;
   for (int64_t i = 0; i < rows; ++i)
     gguf::read_params<F>(w.blocks + (n0 + i) * row_bytes, w.K, &s.scale[i * groups],
                          &s.min[i * groups]);
   for (bf16* stage : {s.stage[0], s.stage[1]})
     std::fill(stage + rows * 32, stage + kGroupRows * 32, bf16{0});
-  _tile_zero(0);
+  _tile_zero(0);  // C tiles: 0 = A0 B0, 1 = A1 B0, 6 = A0 B1, 7 = A1 B1 (A: 2, 3; B: 4, 5)
   _tile_zero(1);
+  _tile_zero(6);
+  _tile_zero(7);
   const int64_t k_tiles = w.K / 32;
   const PrefetchNext next(w.blocks, row_bytes, n0 + rows, k_tiles);
   stage_sub_block<F>(w, n0, rows, 0, s, s.stage[0]);
@@ -108,18 +120,28 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
     if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
     _tile_loadd(2, stage, 64);
     _tile_loadd(3, stage + kRows * 32, 64);
-    _tile_loadd(4, x_tiles + kt * kPairs * kRows, 64);
+    _tile_loadd(4, x_tiles + kt * halves * kTileWords, 64);
     _tile_dpbf16ps(0, 2, 4);
     _tile_dpbf16ps(1, 3, 4);
+    if (halves == 2) {
+      _tile_loadd(5, x_tiles + (kt * halves + 1) * kTileWords, 64);
+      _tile_dpbf16ps(6, 2, 5);
+      _tile_dpbf16ps(7, 3, 5);
+    }
   }
-  _tile_stored(0, s.block, kGroupRows * sizeof(float));
-  _tile_stored(1, s.block + kRows * kGroupRows, kGroupRows * sizeof(float));
+  constexpr int64_t stride = kGroupRows * sizeof(float);
+  _tile_stored(0, s.block, stride);
+  _tile_stored(1, s.block + kRows * kGroupRows, stride);
+  if (halves == 2) {
+    _tile_stored(6, s.block + kRows, stride);
+    _tile_stored(7, s.block + kRows * kGroupRows + kRows, stride);
+  }
   amx::write_transposed(s.block, bias, out, w.N, 0, M, n0, rows);
 }
 
 template <class F>
 void tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M) {
-  const std::vector<uint32_t> x_tiles = pack_rows(x, M, w.K);
+  const std::vector<uint32_t> x_tiles = pack_rows(x, M, w.K, M > kRows ? 2 : 1);
   const amx::TileConfig config = amx::eight_full_tiles();
   const int64_t items = (w.N + kGroupRows - 1) / kGroupRows;
 #pragma omp parallel if (items > 1)
@@ -142,7 +164,7 @@ void tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out
 void gguf_tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                       int64_t M) {
 #ifdef __AMX_BF16__
-  if (M < 1 || M > kGgufTileRows) throw std::invalid_argument("gguf_tile_linear: 1-16 rows");
+  if (M < 1 || M > kGgufTileRows) throw std::invalid_argument("gguf_tile_linear: 1-32 rows");
   gguf::dispatch(w.kind, [&](auto format) {
     tile_linear<decltype(format)>(x, w, bias, out, M);
   });
