@@ -81,6 +81,7 @@ class EngineCore:
             policy=config.scheduling_policy,
             long_prefill_token_threshold=_long_prefill_threshold(config),
             speculative=config.speculative,
+            draft_step_rows=self.runner.draft_step_rows(),
         )
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         # Prompt + output tokens the KV cache holds for one request (None: unbounded under

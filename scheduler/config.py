@@ -22,6 +22,10 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     # Draft tokens for decodes, verified in the same pass (None: one token per pass).
     speculative: SpeculativeConfig | None = None
+    # Rows (decodes and their drafts) a step's drafts may bring it to, shared evenly among the
+    # running requests; 0: only the token budget. The engine sets it where a pass of more rows
+    # takes a much dearer path (a GGUF model on AMX: its blocks' tiles, then the bf16 copy).
+    draft_step_rows: int = 0
 
     @property
     def max_chunk_tokens(self) -> int:
@@ -42,6 +46,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.draft_step_rows < 0:
+            raise ValueError("draft_step_rows must be >= 0")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.policy not in ("fcfs", "priority"):

@@ -41,7 +41,10 @@ THE POLICY, in one place (knobs are SchedulerConfig fields):
    and recomputes from position 0.
 10. Speculation (SchedulerConfig.speculative): a decode also carries up to
    num_speculative_tokens draft tokens (scheduler/ngram_proposer.py), clipped to the budget
-   left after one token for each decode behind it, to max_tokens and the context, and dropped
+   left after one token for each decode behind it, to its even share of
+   SchedulerConfig.draft_step_rows (draft_step_rows // running requests - 1: where a pass of
+   more rows takes a much dearer path, a few drafts for everyone beat many for one, as the
+   first drafts are the likeliest accepted), to max_tokens and the context, and dropped
    when their KV blocks are not free (drafts never preempt anyone). A request with a
    structured output drafts too: the runner masks each draft's row after the drafts before it
    (engine/structured_output.py), so a draft its grammar refuses is never accepted.
@@ -208,6 +211,7 @@ class Scheduler:
         self, budget: int, chunks: list[ScheduledChunk], preempted: list[str]
     ) -> int:
         decodes_behind = self._running.decodes_behind()
+        draft_share = self._draft_share()
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
@@ -218,7 +222,7 @@ class Scheduler:
                     i += 1
                     continue
             total = request.num_computed_tokens + num_new
-            room = budget - 1 - decodes_behind[i]
+            room = min(budget - 1 - decodes_behind[i], draft_share)
             drafts = scheduled_drafts(request, num_new, room, self.config, self.kv_cache)
             if not drafts and not self._allocate_or_preempt(request, total, preempted):
                 break  # the request itself left the running list; it was the tail
@@ -226,6 +230,13 @@ class Scheduler:
             budget -= num_new + len(drafts)
             i += 1
         return budget
+
+    def _draft_share(self) -> int:
+        """The most drafts one decode of this step may carry under draft_step_rows (rule 10)."""
+        rows = self.config.draft_step_rows
+        if not rows or not self._running:
+            return self.config.max_num_batched_tokens
+        return max(0, rows // len(self._running) - 1)
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
         """Rule 4 (RunningList.allocate_or_preempt); False if the request was preempted, or

@@ -125,6 +125,28 @@ def test_drafts_leave_each_decode_behind_its_token_within_the_budget() -> None:
     assert [c.request_id for c in out.chunks] == ["b", "c", "a"]  # plain decodes first
 
 
+def test_draft_step_rows_gives_each_running_request_an_even_share() -> None:
+    sched = make_scheduler(k=8, draft_step_rows=8)
+    for i in range(3):
+        add(sched, f"r{i}", PROMPT)
+    prefill(sched, 13)
+    out = sched.schedule()
+    # 8 rows // 3 requests = 2 rows each: its token and 2 - 1 = 1 draft (8 proposed).
+    assert [len(c.draft_token_ids) for c in out.chunks] == [1, 1, 1]
+    assert out.num_batched_tokens == 6
+    sched.update(out, agree(out, {}))
+    alone = make_scheduler(k=8, draft_step_rows=8)
+    add(alone, "a", PROMPT)
+    prefill(alone, 13)
+    # Alone: 8 - 1 = 7 drafts, one short of k; five requests on 8 rows (1 row each): none.
+    assert [len(c.draft_token_ids) for c in alone.schedule().chunks] == [7]
+    crowded = make_scheduler(k=8, draft_step_rows=8)
+    for i in range(5):
+        add(crowded, f"r{i}", PROMPT)
+    prefill(crowded, 13)
+    assert [c.draft_token_ids for c in crowded.schedule().chunks] == [[]] * 5
+
+
 def test_structured_outputs_draft_too_and_no_match_drafts_nothing() -> None:
     sched = make_scheduler(k=3)
     add(sched, "a", PROMPT, structured_output=StructuredOutput("json_object"))
