@@ -213,11 +213,12 @@ class ModelRunner:
             )
 
     def draft_step_rows(self) -> int:
-        """SchedulerConfig.draft_step_rows: the rows a GGUF model's linears read from their
-        blocks on the AMX tiles (and the decode stack runs in one call); more rows read the bf16
-        copy, 4x the bytes, or the panels (135M Q4_1, 2-core AMX Xeon: 10 ms for 30 layers at
-        32 rows, 24 at 33 on the panels; served with 12 drafts at 8 clients, 439 tok/s against
-        522 with 3). 0 elsewhere: no such step in cost was measured."""
+        """SchedulerConfig.draft_step_rows: the rows a GGUF model's decode steps run on its
+        blocks' AMX tiles, all layers in the decode stack's one native call; a step of more rows
+        goes through the Python layer loop on the bf16 copy (4x the bytes) or the panels, and
+        every drafted row also costs its attention and LM head row (135M, 2-core AMX Xeon,
+        served: 8 clients with 12 drafts each 439 tok/s, with 3 each 522). 0 elsewhere: no
+        such step in cost was measured there."""
         return max((m.blocks_rows() for m in self.model.modules() if _tiled(m)), default=0)
 
     def weight_bytes(self) -> WeightBytes:
