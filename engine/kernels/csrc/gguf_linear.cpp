@@ -216,14 +216,8 @@ void rounded_row(const uint8_t* row, const float* scale, const float* min,
 // walks its rows in order, and at 1-8 rows the arithmetic per byte is small, so without it a
 // thread waits on DRAM between rows (measured on a 2-core AMX Xeon, 58 MB of Q4_1 blocks, one
 // row: 8.9-9.4 GB/s without, 12-14.5 GB/s with 2-3 KB ahead; nearer helped less, 6 KB no more).
+// Each row fetches one row's worth, so the distance stays constant.
 constexpr int64_t kPrefetchBytes = 2048;
-
-// The cache lines of the next row_bytes bytes kPrefetchBytes past row: one row's worth, so
-// the distance stays constant. Past the weight's end the hint is harmless.
-inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes) {
-  const char* ahead = reinterpret_cast<const char*>(row) + kPrefetchBytes;
-  for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-}
 
 template <class F, int M>
 void small_rows(const Activations& a, const GgufWeight& w, const bf16* bias, bf16* out) {
@@ -234,7 +228,7 @@ void small_rows(const Activations& a, const GgufWeight& w, const bf16* bias, bf1
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < w.N; ++n) {
       const uint8_t* row = w.blocks + n * row_bytes;
-      prefetch_ahead(row, row_bytes);
+      prefetch_lines(row + kPrefetchBytes, row_bytes);
       gguf::read_params<F>(row, w.K, scale.data(), min.data());
       float sums[M];
       if constexpr (M > kGgufExactRows)

@@ -25,14 +25,6 @@ namespace {
 
 constexpr int64_t kRowsPerChunk = 256;  // rows of x multiplied per decoded panel, kept in L2
 
-// The cache lines of row_bytes bytes at row. decode_panel fetches the next panel's rows (the
-// thread's next item: static scheduling gives it consecutive panels) while it decodes this one,
-// so they arrive during this panel's products instead of stalling the next decode.
-inline void prefetch_row(const uint8_t* row, int64_t row_bytes) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
-}
-
 // Weight rows [n0, n0 + rows) as bf16, row-major [panel_rows, K]; rows past `rows` zero.
 // scale and min: room for one row's K / kGroup of each.
 template <class F>
@@ -41,7 +33,10 @@ void decode_panel(const GgufWeight& w, int64_t n0, int64_t rows, int64_t panel_r
   const int64_t row_bytes = w.K / F::kWeights * F::kBytes, subs = w.K / 32;
   for (int64_t i = 0; i < rows; ++i) {
     const uint8_t* row = w.blocks + (n0 + i) * row_bytes;
-    prefetch_row(row + panel_rows * row_bytes, row_bytes);
+    // The same row of the next panel (the thread's next item: static scheduling gives it
+    // consecutive panels), so it arrives during this panel's products instead of stalling
+    // the next decode.
+    prefetch_lines(row + panel_rows * row_bytes, row_bytes);
     gguf::read_params<F>(row, w.K, scale, min);
     bf16* dst = panel + i * w.K;
     for (int64_t b = 0; b < subs; ++b)

@@ -29,6 +29,7 @@
 #include "amx.h"
 #include "gguf_blocks.h"
 #include "gguf_linear.h"
+#include "vec.h"
 
 namespace meterserve {
 namespace {
@@ -39,6 +40,9 @@ constexpr int64_t kRows = 16;            // weight rows per A tile, x rows per B
 constexpr int64_t kGroupRows = 2 * kRows;  // weight rows per work item: two A tiles share B
 constexpr int64_t kPairs = 16;           // bf16 pairs per tile row (32 k)
 constexpr int64_t kTileWords = kPairs * kRows;  // one B tile
+
+// B tiles per k tile for M x rows: the second holds rows 16-31.
+inline int64_t x_halves(int64_t M) { return M > kRows ? 2 : 1; }
 
 // x [M, K] as B tiles, x rows 16 h to 16 h + 15 in half h: tile (kt, h), row r, column c =
 // (x[16 h + c][32 kt + 2 r], x[..][.. + 1]), tile (kt, h) at (kt * halves + h) * kTileWords;
@@ -87,8 +91,7 @@ struct PrefetchNext {
       : start(reinterpret_cast<const char*>(blocks + n * row_bytes)),
         lines_per_tile((kGroupRows * row_bytes / 64 + k_tiles - 1) / k_tiles) {}
   void part(int64_t kt) const {
-    for (int64_t l = 0; l < lines_per_tile; ++l)
-      _mm_prefetch(start + (kt * lines_per_tile + l) * 64, _MM_HINT_T0);
+    prefetch_lines(start + kt * lines_per_tile * 64, lines_per_tile * 64);
   }
 };
 
@@ -100,7 +103,7 @@ struct PrefetchNext {
 template <class F>
 void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
                Scratch& s, const bf16* bias, bf16* out, int64_t M) {
-  const int64_t halves = M > kRows ? 2 : 1;
+  const int64_t halves = x_halves(M);
   const int64_t row_bytes = w.K / F::kWeights * F::kBytes, groups = w.K / F::kGroup;
   for (int64_t i = 0; i < rows; ++i)
     gguf::read_params<F>(w.blocks + (n0 + i) * row_bytes, w.K, &s.scale[i * groups],
@@ -141,7 +144,7 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
 
 template <class F>
 void tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M) {
-  const std::vector<uint32_t> x_tiles = pack_rows(x, M, w.K, M > kRows ? 2 : 1);
+  const std::vector<uint32_t> x_tiles = pack_rows(x, M, w.K, x_halves(M));
   const amx::TileConfig config = amx::eight_full_tiles();
   const int64_t items = (w.N + kGroupRows - 1) / kGroupRows;
 #pragma omp parallel if (items > 1)
