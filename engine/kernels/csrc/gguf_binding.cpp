@@ -39,16 +39,14 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
   } else if (amx && M <= kGgufTileRows) {
     gguf_tile_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
   } else if (amx) {
-    // x padded to whole 32-row blocks, in amx_pack_weight's tile layout (the B operand).
+    // x padded to whole 32-row blocks (the A operand, row-major as amx_linear reads it).
     const int64_t padded_rows = (M + 31) / 32 * 32;
     torch::Tensor rows = x;
     if (padded_rows != M) {
       rows = torch::zeros({padded_rows, K}, x.options());
       rows.narrow(0, 0, M).copy_(x);
     }
-    const torch::Tensor tiles =
-        rows.reshape({padded_rows / 16, 16, K / 32, 16, 2}).permute({0, 2, 3, 1, 4}).contiguous();
-    gguf_panel_linear_amx(data<bf16>(tiles), padded_rows, w, bias_ptr, data<bf16>(out), M);
+    gguf_panel_linear_amx(data<bf16>(rows), padded_rows, w, bias_ptr, data<bf16>(out), M);
   } else {
     gguf_panel_linear_vector(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
   }

@@ -39,10 +39,10 @@ void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf1
 void gguf_tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                       int64_t M);
 
-// Any M, on AMX tiles: x_tiles is x padded with zero rows to padded_rows (a multiple of 32)
-// in amx_pack_weight's layout (kernels.h). Each thread dequantizes 32 weight rows at a time
-// to bf16 and multiplies them into every row of x (gguf_panel.cpp).
-void gguf_panel_linear_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w,
+// Any M, on AMX tiles: x is [padded_rows, K] row-major, padded with zero rows to padded_rows
+// (a multiple of 32). Each thread dequantizes 32 weight rows at a time into amx_pack_weight's
+// tile layout and multiplies them into every row of x (gguf_panel.cpp).
+void gguf_panel_linear_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w,
                            const bf16* bias, bf16* out, int64_t M);
 
 // Any M, AVX512-BF16 dot products over the same dequantized panels (CPUs without AMX).

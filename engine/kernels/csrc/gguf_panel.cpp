@@ -4,10 +4,11 @@
 // exact weights rounded to bf16, gguf::bf16_weights) into a small buffer of its own, row-major
 // [panel rows, K], and multiplies every row of x by it while it is in L2; the panel is then
 // dropped. Each weight is thus decoded once per chunk of kRowsPerChunk rows of x.
-// AMX: the panel is the tile product's A operand (row-major, as decoded: no re-layout of the
-// weight) and x, packed once per call in amx_pack_weight's tile layout, the B operand; so
-// amx::multiply_block (amx_linear.cpp) yields each 32 x 32 output block transposed, and
-// write_transposed puts it back. Without AMX: AVX512-BF16 dot products, 4 x 4 rows at a time.
+// AMX: the panel is decoded into amx_pack_weight's tile layout and x is read row-major, so
+// amx::multiply_block (amx_linear.cpp) runs exactly as over a bf16 layer's packed copy. (It
+// decoded the panel row-major as the A operand before, which needed x packed per call and each
+// 32 x 32 output block transposed back: 1.5-3x the time of the bf16 copy at 512-2048 rows.)
+// Without AMX: AVX512-BF16 dot products, 4 x 4 rows at a time.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,7 +24,14 @@
 namespace meterserve {
 namespace {
 
-constexpr int64_t kRowsPerChunk = 256;  // rows of x multiplied per decoded panel, kept in L2
+constexpr int64_t kRowsPerChunk = 256;  // rows of x multiplied per decoded panel (vector path)
+
+// AMX: rows of x multiplied per decoded panel. More rows decode each weight fewer times; the
+// chunk's rows of x should stay in L2 (2 MiB a core on the AMX Xeons here), so about 1 MiB of
+// them, and at least 256 rows.
+int64_t amx_chunk_rows(int64_t K) {
+  return std::max<int64_t>(256, (int64_t{1} << 20) / (K * 2) / 32 * 32);
+}
 
 // Weight rows [n0, n0 + rows) as bf16, row-major [panel_rows, K]; rows past `rows` zero.
 // scale and min: room for one row's K / kGroup of each.
@@ -56,27 +64,77 @@ struct Scratch {
 
 #ifdef __AMX_BF16__
 
-constexpr int64_t kPanelRows = 32;  // weight rows per panel: the 32 rows of one block's A tiles
+constexpr int64_t kPanelRows = 32;          // weight rows per panel: one 32-column output block
+constexpr int64_t kTileWeights = 16 * 32;   // bf16 weights per tile (16 rows of 16 pairs)
 
+// Weight rows [n0, n0 + rows) decoded straight into amx_pack_weight's tile layout, the B
+// operand amx::multiply_block reads from a bf16 layer's packed copy:
+//   tiles[h][kt][r][j][p] = w[n0 + 16 h + j][32 kt + 2 r + p],  rows past `rows` zero.
+// Sixteen weight rows' sub-block kt decode to 16 vectors of 16 bf16 pairs, one vector per
+// weight row; a 16 x 16 transpose of those 32-bit pairs gives the tile's 16 rows of pairs.
 template <class F>
-void panel_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w, const bf16* bias,
+void decode_panel_tiles(const GgufWeight& w, int64_t n0, int64_t rows, bf16* tiles,
+                        float* scale, float* min) {
+  const int64_t row_bytes = w.K / F::kWeights * F::kBytes, k_tiles = w.K / 32;
+  const int64_t groups = w.K / F::kGroup;
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint8_t* row = w.blocks + (n0 + i) * row_bytes;
+    // The same row of the next panel (the thread's next item under static scheduling), so
+    // it arrives during this panel's products instead of stalling the next decode.
+    prefetch_lines(row + kPanelRows * row_bytes, row_bytes);
+    gguf::read_params<F>(row, w.K, scale + i * groups, min + i * groups);
+  }
+  for (int64_t h = 0; h < kPanelRows / 16; ++h) {
+    for (int64_t kt = 0; kt < k_tiles; ++kt) {
+      __m512 pairs[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t i = h * 16 + j;
+        pairs[j] = i < rows ? _mm512_castsi512_ps((__m512i)gguf::bf16_weights<F>(
+                                  w.blocks + (n0 + i) * row_bytes, kt, scale + i * groups,
+                                  min + i * groups))
+                            : _mm512_setzero_ps();
+      }
+      transpose_16x16(pairs);
+      float* tile = reinterpret_cast<float*>(tiles + (h * k_tiles + kt) * kTileWeights);
+      for (int64_t r = 0; r < 16; ++r) _mm512_storeu_ps(tile + r * 16, pairs[r]);
+    }
+  }
+}
+
+// out[m0 + r, n0 + c] = block[r * 32 + c] (+ bias[n0 + c]) for r < rows, c < cols.
+void write_block(const float* block, const bf16* bias, bf16* out, int64_t N, int64_t m0,
+                 int64_t rows, int64_t n0, int64_t cols) {
+  const int64_t lo = std::min<int64_t>(cols, kVecLanes), hi = cols - lo;
+  const __m512 bias_lo = bias ? load(bias + n0, lo) : _mm512_setzero_ps();
+  const __m512 bias_hi = bias && hi ? load(bias + n0 + kVecLanes, hi) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    bf16* dst = out + (m0 + r) * N + n0;
+    store(dst, _mm512_add_ps(_mm512_load_ps(block + r * 32), bias_lo), lo);
+    if (hi) store(dst + kVecLanes, _mm512_add_ps(_mm512_load_ps(block + r * 32 + 16), bias_hi), hi);
+  }
+}
+
+// x: [padded_rows, K] row-major, the rows past M zero; the A operand as in amx_linear.
+template <class F>
+void panel_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w, const bf16* bias,
                bf16* out, int64_t M) {
   const amx::TileConfig config = amx::eight_full_tiles();
-  for (int64_t chunk = 0; chunk < padded_rows; chunk += kRowsPerChunk) {
-    const int64_t chunk_end = std::min(padded_rows, chunk + kRowsPerChunk);
+  const int64_t groups = w.K / F::kGroup, chunk_rows = amx_chunk_rows(w.K);
+  for (int64_t chunk = 0; chunk < padded_rows; chunk += chunk_rows) {
+    const int64_t chunk_end = std::min(padded_rows, chunk + chunk_rows);
 #pragma omp parallel
     {
       _tile_loadconfig(&config);  // tile state is per thread
-      Scratch s(F{}, w.K, kPanelRows);
+      std::vector<float> scale(kPanelRows * groups), min(kPanelRows * groups);
+      std::vector<bf16> tiles(kPanelRows * w.K);
       alignas(64) float block[32 * 32];
 #pragma omp for schedule(static)
       for (int64_t n0 = 0; n0 < w.N; n0 += kPanelRows) {
         const int64_t cols = std::min(kPanelRows, w.N - n0);
-        decode_panel<F>(w, n0, cols, kPanelRows, s.panel.data(), s.scale.data(), s.min.data());
+        decode_panel_tiles<F>(w, n0, cols, tiles.data(), scale.data(), min.data());
         for (int64_t m0 = chunk; m0 < chunk_end; m0 += 32) {
-          amx::multiply_block(s.panel.data(), x_tiles, w.K, 0, m0, block);
-          amx::write_transposed(block, bias, out, w.N, m0, std::min<int64_t>(32, M - m0), n0,
-                                cols);
+          amx::multiply_block(x, tiles.data(), w.K, m0, 0, block);
+          write_block(block, bias, out, w.N, m0, std::min<int64_t>(32, M - m0), n0, cols);
         }
       }
       _tile_release();
@@ -150,33 +208,33 @@ void panel_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* ou
 }  // namespace
 
 #ifdef __AMX_BF16__
-// amx.h: also the epilogue of gguf_tiles.cpp.
+// amx.h: also the epilogue of gguf_tiles.cpp. Each 16 x 16 quarter of the block is transposed
+// in registers and stored as 16-column row pieces. (It gathered one column of the block per
+// output row before: 64 gathers a block, which cost as much as the block's tile products.)
 void amx::write_transposed(const float* block, const bf16* bias, bf16* out, int64_t N,
                            int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
-  const __m512i column = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(32));
-  const int64_t cols_lo = std::min<int64_t>(cols, kVecLanes), cols_hi = cols - cols_lo;
-  const __m512 bias_lo = bias ? load(bias + n0, cols_lo) : _mm512_setzero_ps();
-  const __m512 bias_hi = bias && cols_hi ? load(bias + n0 + kVecLanes, cols_hi)
-                                         : _mm512_setzero_ps();
-  for (int64_t j = 0; j < rows; ++j) {
-    bf16* dst = out + (m0 + j) * N + n0;
-    const __m512 lo = _mm512_i32gather_ps(column, block + j, 4);
-    store(dst, _mm512_add_ps(lo, bias_lo), cols_lo);
-    if (cols_hi) {
-      const __m512 hi = _mm512_i32gather_ps(column, block + kVecLanes * 32 + j, 4);
-      store(dst + kVecLanes, _mm512_add_ps(hi, bias_hi), cols_hi);
+  for (int64_t ih = 0; ih * kVecLanes < cols; ++ih) {  // block rows = output columns
+    const int64_t count = std::min<int64_t>(kVecLanes, cols - ih * kVecLanes);
+    const int64_t n = n0 + ih * kVecLanes;
+    const __m512 b = bias ? load(bias + n, count) : _mm512_setzero_ps();
+    for (int64_t jh = 0; jh * kVecLanes < rows; ++jh) {  // block columns = output rows
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_load_ps(block + (ih * kVecLanes + i) * 32 + jh * kVecLanes);
+      transpose_16x16(r);
+      const int64_t out_rows = std::min<int64_t>(kVecLanes, rows - jh * kVecLanes);
+      bf16* dst = out + (m0 + jh * kVecLanes) * N + n;
+      for (int64_t j = 0; j < out_rows; ++j) store(dst + j * N, _mm512_add_ps(r[j], b), count);
     }
   }
 }
 #endif  // __AMX_BF16__
 
-void gguf_panel_linear_amx(const bf16* x_tiles, int64_t padded_rows, const GgufWeight& w,
+void gguf_panel_linear_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w,
                            const bf16* bias, bf16* out, int64_t M) {
 #ifdef __AMX_BF16__
   gguf::dispatch(w.kind, [&](auto format) {
-    panel_amx<decltype(format)>(x_tiles, padded_rows, w, bias, out, M);
+    panel_amx<decltype(format)>(x, padded_rows, w, bias, out, M);
   });
 #else
   throw std::runtime_error("gguf_linear: built without AMX support");

@@ -64,6 +64,32 @@ inline void store(bf16* p, __m512 v, int64_t count = kVecLanes) {
   _mm256_mask_storeu_epi16(p, lanes(count), _mm512_cvtepi32_epi16(high));
 }
 
+// r[i][j] -> r[j][i] for a 16 x 16 fp32 matrix held in 16 registers: pairs of rows interleave
+// (unpack), then 2 x 2 and 4 x 4 groups of 128-bit lanes are exchanged (shuffle, shuffle_f32x4),
+// 64 shuffles in all and no memory access.
+inline void transpose_16x16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
 // e^x to ~1 ulp: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
 // (remainder < 2e-7 relative), times 2^n.
 inline __m512 exp(__m512 x) {
