@@ -9,7 +9,7 @@ than a decode's. Here each piece keeps one arithmetic per row whatever the batch
 batch-invariant mode does the same on GPUs):
 - GGUF linears run every row count on the block panels (weights dequantized to bf16 per panel,
   AMX tiles or AVX512-BF16 dot products: what larger batches take by default), whose per-row
-  sums do not depend on the other rows (on AMX, up to 32 rows take gguf_tiles.cpp's kernel,
+  sums do not depend on the other rows (on AMX, up to 64 rows take gguf_tiles.cpp's kernel,
   which gives a row the panels' sums bit for bit, faster); no bf16 copy is built;
 - bf16 linears on AMX run on the tiles (amx_linear) at every row count, for the same reason;
 - int8 linears need nothing: their rows are independent on every path (int8_linear.py);

@@ -219,7 +219,7 @@ class ModelRunner:
         every drafted row also costs its attention and LM head row (135M, 2-core AMX Xeon,
         served: 8 clients with 12 drafts each 439 tok/s, with 3 each 522). 0 elsewhere: no
         such step in cost was measured there."""
-        return max((m.blocks_rows() for m in self.model.modules() if _tiled(m)), default=0)
+        return max((m.tile_rows for m in self.model.modules() if _tiled(m)), default=0)
 
     def weight_bytes(self) -> WeightBytes:
         """Weight bytes a forward pass reads, per path, as the layers are laid out now."""

@@ -55,7 +55,9 @@ class GGUFLinear(nn.Module):
         self.dtype = dtype
         self.kernels = None  # set by use_kernels(); None: dequantize per call
         self.avx2 = None  # set by use_avx2_kernels() (float32)
-        self.tile_rows = 0  # set by use_kernels(): gguf_linear's AMX tile limit, 0 without AMX
+        # Set by use_kernels(), 0 without AMX: the rows gguf_linear's AMX tiles take (wide_rows)
+        # and, of those, the rows the decode stack runs on them (tile_rows).
+        self.tile_rows = self.wide_rows = 0
         # With EngineConfig.gguf_large_batch "bf16": the weight dequantized to bf16 once, in the
         # large-batch layout of a bf16 layer, for passes of more rows than blocks_rows()
         # (measured: the block panels are several times slower than those tiles at 64 rows).
@@ -69,7 +71,9 @@ class GGUFLinear(nn.Module):
         large_batch_bf16: also keep a bf16 copy for large batches (see self.large)."""
         self.kernels = kernels
         self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
-        self.tile_rows = kernels.GGUF_TILE_ROWS if kernels.amx_available() else 0
+        amx = kernels.amx_available()
+        self.tile_rows = kernels.GGUF_TILE_ROWS if amx else 0
+        self.wide_rows = kernels.GGUF_WIDE_TILE_ROWS if amx else 0
         if large_batch_bf16:
             self.large = PackedLinear(self.to_linear(), kernels)
             self.large.weight = None  # its row-major copy: small batches read the blocks
@@ -113,9 +117,11 @@ class GGUFLinear(nn.Module):
 
     def blocks_rows(self) -> int:
         """The most rows a pass reads from the blocks while a bf16 copy exists: on AMX the tiles
-        take up to GGUF_TILE_ROWS (a drafted decode, a decode step of 9-32 requests), reading a
-        quarter of the copy's bytes; without AMX the small-batch kernels' SMALL_BATCH_ROWS."""
-        return max(packed_linear.SMALL_BATCH_ROWS, self.tile_rows)
+        take up to GGUF_WIDE_TILE_ROWS (a drafted decode, a decode step of 9-64 requests),
+        reading a quarter of the copy's bytes for the time of the copy (135M Q4_1, offline
+        64 x 128/128 on a 2-core AMX Xeon: 64-row decode steps 44-49 ms on either); without AMX
+        the small-batch kernels' SMALL_BATCH_ROWS."""
+        return max(packed_linear.SMALL_BATCH_ROWS, self.wide_rows)
 
     def _large_path(self, num_rows: int) -> bool:
         return self.large is not None and num_rows > self.blocks_rows()

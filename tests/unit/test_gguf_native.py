@@ -103,18 +103,18 @@ def test_weight_bytes_are_the_stored_blocks(gguf_files, kernels) -> None:
     # Qwen2: a Q6_K head of 512 rows x 256 (210 bytes per 256 weights).
     assert runner.model.lm_head.bytes_read() == 512 * 210
     # With a bf16 copy for large batches, those read it: 2 bytes a weight. On an AMX CPU the
-    # blocks serve up to GGUF_TILE_ROWS (32: the tiles), else up to 4.
+    # blocks serve up to GGUF_WIDE_TILE_ROWS (64: the tiles), else up to 4.
     copied = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16"), checkpoint, 64)
     head = copied.model.lm_head
-    blocks_rows = kernels.GGUF_TILE_ROWS if kernels.amx_available() else 4
+    blocks_rows = kernels.GGUF_WIDE_TILE_ROWS if kernels.amx_available() else 4
     assert head.blocks_rows() == blocks_rows
     assert head.bytes_read(1) == head.bytes_read(blocks_rows) == 512 * 210
-    assert head.bytes_read(blocks_rows + 1) == head.bytes_read(64) == 512 * 256 * 2
+    assert head.bytes_read(blocks_rows + 1) == head.bytes_read(128) == 512 * 256 * 2
     copied_bytes = copied.weight_bytes()
     linears = [m for m in copied.model.modules() if isinstance(m, GGUFLinear) and m is not head]
-    copies = sum(m.bytes_read(64) for m in linears)  # the bf16 copies (and Qwen2's qkv biases)
+    copies = sum(m.bytes_read(128) for m in linears)  # the bf16 copies (and Qwen2's qkv biases)
     assert copied_bytes.body(blocks_rows) == body + norms
-    assert copied_bytes.body(blocks_rows + 1) == copied_bytes.body(64) == copies + norms
+    assert copied_bytes.body(blocks_rows + 1) == copied_bytes.body(128) == copies + norms
     assert copied_bytes.head(blocks_rows) == 512 * 210
     assert copied_bytes.head(blocks_rows + 1) == 512 * 256 * 2
 

@@ -383,7 +383,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("spans"), py::arg("block_size"), py::arg("scale"),
         py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, without_gil);
   m.attr("MAX_SMALL_BATCH_ROWS") = kSmallBatchRows;  // the decode stack of a GGUF model
-  m.attr("GGUF_TILE_ROWS") = kGgufTileRows;  // gguf_linear's AMX tiles take up to this many rows
+  m.attr("GGUF_TILE_ROWS") = kGgufTileRows;  // the decode stack's limit on the GGUF tiles
+  m.attr("GGUF_WIDE_TILE_ROWS") = kGgufWideTileRows;  // gguf_linear's AMX tiles take this many
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
   bind_gguf(m);          // gguf_linear (gguf_binding.cpp)
   bind_int8_linear(m);

@@ -36,7 +36,7 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
   const bool amx = use_amx && amx_available();
   if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {
     gguf_small_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M, use_amx);
-  } else if (amx && M <= kGgufTileRows) {
+  } else if (amx && M <= kGgufWideTileRows) {
     gguf_tile_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
   } else if (amx) {
     // x padded to whole 32-row blocks (the A operand, row-major as amx_linear reads it).

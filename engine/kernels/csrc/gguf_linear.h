@@ -28,13 +28,15 @@ int64_t gguf_row_bytes(int kind, int64_t K);
 
 // The tile path (gguf_tiles.cpp) takes up to this many rows.
 constexpr int64_t kGgufTileRows = 32;
+// gguf_tile_linear also takes up to this many rows (three or four B tiles per A tile).
+constexpr int64_t kGgufWideTileRows = 64;
 
 // M <= kSmallBatchRows (8): streams the blocks once for all rows, decoding as it goes. Above
 // kGgufExactRows rows, with use_amx on a CPU with AMX, gguf_tile_linear instead.
 void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                        int64_t M, bool use_amx = true);
 
-// 1 <= M <= kGgufTileRows, AMX only: each sub-block dequantized to bf16 once and multiplied
+// 1 <= M <= kGgufWideTileRows, AMX only: each sub-block dequantized to bf16 once and multiplied
 // into every row by one tile product; per row equal to gguf_panel_linear_amx's sums.
 void gguf_tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                       int64_t M);

@@ -211,8 +211,8 @@ void panel_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* ou
 // amx.h: also the epilogue of gguf_tiles.cpp. Each 16 x 16 quarter of the block is transposed
 // in registers and stored as 16-column row pieces. (It gathered one column of the block per
 // output row before: 64 gathers a block, which cost as much as the block's tile products.)
-void amx::write_transposed(const float* block, const bf16* bias, bf16* out, int64_t N,
-                           int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
+void amx::write_transposed(const float* block, int64_t stride, const bf16* bias, bf16* out,
+                           int64_t N, int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
   for (int64_t ih = 0; ih * kVecLanes < cols; ++ih) {  // block rows = output columns
     const int64_t count = std::min<int64_t>(kVecLanes, cols - ih * kVecLanes);
     const int64_t n = n0 + ih * kVecLanes;
@@ -220,7 +220,7 @@ void amx::write_transposed(const float* block, const bf16* bias, bf16* out, int6
     for (int64_t jh = 0; jh * kVecLanes < rows; ++jh) {  // block columns = output rows
       __m512 r[16];
       for (int i = 0; i < 16; ++i)
-        r[i] = _mm512_load_ps(block + (ih * kVecLanes + i) * 32 + jh * kVecLanes);
+        r[i] = _mm512_load_ps(block + (ih * kVecLanes + i) * stride + jh * kVecLanes);
       transpose_16x16(r);
       const int64_t out_rows = std::min<int64_t>(kVecLanes, rows - jh * kVecLanes);
       bf16* dst = out + (m0 + jh * kVecLanes) * N + n;

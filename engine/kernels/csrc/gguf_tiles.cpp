@@ -1,5 +1,5 @@
-// Products over GGUF blocks for a few rows (2-32) on AMX tiles: speculative verification
-// passes and decode batches of up to 32 requests.
+// Products over GGUF blocks for a few rows (2-64) on AMX tiles: speculative verification
+// passes and decode batches of up to 64 requests.
 //
 // The vector kernel (gguf_linear.cpp) costs one dot product per row and sub-block, so above a
 // row or two it is bound by arithmetic, not by the blocks it streams (measured on the embedded
@@ -16,7 +16,10 @@
 // 17-32 rows cost 1.2-1.3x 16 (the embedded model's Q4_1 shapes, 30 layers, 2-core AMX Xeon:
 // 7.9 ms at 16 rows, 9.4 at 24, 10.3 at 32), about what the bf16 copy's tiles take there
 // (9.5-10.3 ms; 1.5B-shaped Q4_K: 7.5-8.2 ms against 8.3-8.7); what 17-32 rows gain is the
-// decode stack, which takes the rows the tiles take (decode_stack.h).
+// decode stack, which takes up to 32 rows (decode_stack.h).
+// 33-64 rows: one A tile (16 weight rows) by three or four B tiles (wide_item), each sub-block
+// still dequantized once for all rows; 30 layers at 64 rows 13.8 ms, level with the bf16 copy
+// in a served 64-row decode step (where the copy's 4x bytes come from memory).
 // Per row the sums are those of the AMX panels (gguf_panel.cpp), which also accumulate
 // tdpbf16ps over k tiles in order: a row's result does not depend on the other rows.
 #include <immintrin.h>
@@ -41,20 +44,35 @@ constexpr int64_t kGroupRows = 2 * kRows;  // weight rows per work item: two A t
 constexpr int64_t kPairs = 16;           // bf16 pairs per tile row (32 k)
 constexpr int64_t kTileWords = kPairs * kRows;  // one B tile
 
-// B tiles per k tile for M x rows: the second holds rows 16-31.
-inline int64_t x_halves(int64_t M) { return M > kRows ? 2 : 1; }
+// B tiles per k tile for M x rows: tile h holds rows 16 h to 16 h + 15.
+inline int64_t x_halves(int64_t M) { return (M + kRows - 1) / kRows; }
+
+// Words from one k tile's B tiles to the next: the tiles plus one cache line, so that k tiles
+// do not lie 4 KiB apart. At four B tiles (4 KiB) they did, and one of each k tile's tile loads
+// then shared its address's low 12 bits with the staging stores just issued, which the CPU
+// treats as a possible store-to-load dependency (measured 1.4x the time of three B tiles).
+inline int64_t x_kt_words(int64_t halves) { return halves * kTileWords + 16; }
 
 // x [M, K] as B tiles, x rows 16 h to 16 h + 15 in half h: tile (kt, h), row r, column c =
-// (x[16 h + c][32 kt + 2 r], x[..][.. + 1]), tile (kt, h) at (kt * halves + h) * kTileWords;
-// columns past M zero.
-std::vector<uint32_t> pack_rows(const bf16* x, int64_t M, int64_t K, int64_t halves) {
-  std::vector<uint32_t> tiles(K / 32 * halves * kTileWords, 0u);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t kt = 0; kt < K / 32; ++kt)
-      for (int64_t r = 0; r < kPairs; ++r)
-        std::memcpy(&tiles[(kt * halves + m / kRows) * kTileWords + r * kRows + m % kRows],
-                    x + m * K + kt * 32 + 2 * r, 4);
-  return tiles;
+// (x[16 h + c][32 kt + 2 r], x[..][.. + 1]), tile (kt, h) at kt * x_kt_words + h * kTileWords;
+// columns past M zero. Sixteen rows' 16 pairs of one k tile, transposed in registers, are one
+// tile. The buffer is the calling thread's and only grows (a fresh zeroed vector per call cost
+// 15-50 us at 49-64 rows on the embedded model's layers, 2-core AMX Xeon).
+const uint32_t* pack_rows(const bf16* x, int64_t M, int64_t K, int64_t halves) {
+  thread_local std::vector<uint32_t> tiles;
+  if (tiles.size() < static_cast<size_t>(K / 32 * x_kt_words(halves)))
+    tiles.resize(K / 32 * x_kt_words(halves));
+  for (int64_t kt = 0; kt < K / 32; ++kt)
+    for (int64_t h = 0; h < halves; ++h) {
+      __m512 pairs[16];
+      for (int64_t c = 0; c < kRows; ++c)
+        pairs[c] = 16 * h + c < M ? _mm512_loadu_ps(x + (16 * h + c) * K + kt * 32)
+                                  : _mm512_setzero_ps();
+      transpose_16x16(pairs);
+      float* tile = reinterpret_cast<float*>(tiles.data() + kt * x_kt_words(halves) + h * kTileWords);
+      for (int64_t r = 0; r < kPairs; ++r) _mm512_storeu_ps(tile + r * kRows, pairs[r]);
+    }
+  return tiles.data();
 }
 
 // A thread's scratch: the item's scales and mins per row, the staging tiles, C read back
@@ -87,9 +105,10 @@ inline void stage_sub_block(const GgufWeight& w, int64_t n0, int64_t rows, int64
 struct PrefetchNext {
   const char* start;
   int64_t lines_per_tile;
-  PrefetchNext(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t k_tiles)
+  PrefetchNext(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t k_tiles,
+               int64_t item_rows = kGroupRows)
       : start(reinterpret_cast<const char*>(blocks + n * row_bytes)),
-        lines_per_tile((kGroupRows * row_bytes / 64 + k_tiles - 1) / k_tiles) {}
+        lines_per_tile((item_rows * row_bytes / 64 + k_tiles - 1) / k_tiles) {}
   void part(int64_t kt) const {
     prefetch_lines(start + kt * lines_per_tile * 64, lines_per_tile * 64);
   }
@@ -123,11 +142,11 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
     if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
     _tile_loadd(2, stage, 64);
     _tile_loadd(3, stage + kRows * 32, 64);
-    _tile_loadd(4, x_tiles + kt * halves * kTileWords, 64);
+    _tile_loadd(4, x_tiles + kt * x_kt_words(halves), 64);
     _tile_dpbf16ps(0, 2, 4);
     _tile_dpbf16ps(1, 3, 4);
     if (halves == 2) {
-      _tile_loadd(5, x_tiles + (kt * halves + 1) * kTileWords, 64);
+      _tile_loadd(5, x_tiles + kt * x_kt_words(halves) + kTileWords, 64);
       _tile_dpbf16ps(6, 2, 5);
       _tile_dpbf16ps(7, 3, 5);
     }
@@ -139,22 +158,74 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
     _tile_stored(6, s.block + kRows, stride);
     _tile_stored(7, s.block + kRows * kGroupRows + kRows, stride);
   }
-  amx::write_transposed(s.block, bias, out, w.N, 0, M, n0, rows);
+  amx::write_transposed(s.block, kGroupRows, bias, out, w.N, 0, M, n0, rows);
+}
+
+// 33-64 rows of x: weight rows [n0, n0 + rows), rows <= 16, against three or four B tiles.
+// One A tile (16 weight rows, tile 4) and three B tiles (5-7, the fourth reusing 5) leave
+// tiles 0-3 for C, one per 16 rows of x; each sub-block is still dequantized once for all the rows. C is read
+// back as block[i * 64 + m] (weight row i, x row m).
+template <class F>
+void wide_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
+               Scratch& s, const bf16* bias, bf16* out, int64_t M) {
+  const int64_t halves = x_halves(M);
+  const int64_t row_bytes = w.K / F::kWeights * F::kBytes, groups = w.K / F::kGroup;
+  for (int64_t i = 0; i < rows; ++i)
+    gguf::read_params<F>(w.blocks + (n0 + i) * row_bytes, w.K, &s.scale[i * groups],
+                         &s.min[i * groups]);
+  for (bf16* stage : {s.stage[0], s.stage[1]})
+    std::fill(stage + rows * 32, stage + kRows * 32, bf16{0});
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t k_tiles = w.K / 32;
+  const PrefetchNext next(w.blocks, row_bytes, n0 + rows, k_tiles, kRows);
+  stage_sub_block<F>(w, n0, rows, 0, s, s.stage[0]);
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    next.part(kt);
+    const bf16* stage = s.stage[kt & 1];
+    if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
+    const uint32_t* b = x_tiles + kt * x_kt_words(halves);
+    _tile_loadd(4, stage, 64);
+    _tile_loadd(5, b, 64);
+    _tile_loadd(6, b + kTileWords, 64);
+    _tile_loadd(7, b + 2 * kTileWords, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    if (halves == 4) {
+      _tile_loadd(5, b + 3 * kTileWords, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  constexpr int64_t kWide = 4 * kRows;  // block row: 64 x rows
+  constexpr int64_t stride = kWide * sizeof(float);
+  _tile_stored(0, s.block, stride);
+  _tile_stored(1, s.block + kRows, stride);
+  _tile_stored(2, s.block + 2 * kRows, stride);
+  if (halves == 4) _tile_stored(3, s.block + 3 * kRows, stride);
+  amx::write_transposed(s.block, kWide, bias, out, w.N, 0, M, n0, rows);
 }
 
 template <class F>
 void tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M) {
-  const std::vector<uint32_t> x_tiles = pack_rows(x, M, w.K, x_halves(M));
+  const uint32_t* x_tiles = pack_rows(x, M, w.K, x_halves(M));
   const amx::TileConfig config = amx::eight_full_tiles();
-  const int64_t items = (w.N + kGroupRows - 1) / kGroupRows;
+  const bool wide = M > kGgufTileRows;
+  const int64_t item_rows = wide ? kRows : kGroupRows;  // weight rows per item
+  const int64_t items = (w.N + item_rows - 1) / item_rows;
 #pragma omp parallel if (items > 1)
   {
     _tile_loadconfig(&config);  // tile state is per thread
     Scratch s(w.K / F::kGroup);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t n0 = item * kGroupRows;
-      tile_item<F>(x_tiles.data(), w, n0, std::min(kGroupRows, w.N - n0), s, bias, out, M);
+      const int64_t n0 = item * item_rows, rows = std::min(item_rows, w.N - n0);
+      if (wide)
+        wide_item<F>(x_tiles, w, n0, rows, s, bias, out, M);
+      else
+        tile_item<F>(x_tiles, w, n0, rows, s, bias, out, M);
     }
     _tile_release();
   }
@@ -167,7 +238,8 @@ void tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out
 void gguf_tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                       int64_t M) {
 #ifdef __AMX_BF16__
-  if (M < 1 || M > kGgufTileRows) throw std::invalid_argument("gguf_tile_linear: 1-32 rows");
+  if (M < 1 || M > kGgufWideTileRows)
+    throw std::invalid_argument("gguf_tile_linear: 1-64 rows");
   gguf::dispatch(w.kind, [&](auto format) {
     tile_linear<decltype(format)>(x, w, bias, out, M);
   });
