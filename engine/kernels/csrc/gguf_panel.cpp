@@ -10,6 +10,7 @@
 // 32 x 32 output block transposed back: 1.5-3x the time of the bf16 copy at 512-2048 rows.)
 // Without AMX: AVX512-BF16 dot products, 4 x 4 rows at a time.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -26,11 +27,17 @@ namespace {
 
 constexpr int64_t kRowsPerChunk = 256;  // rows of x multiplied per decoded panel (vector path)
 
-// AMX: rows of x multiplied per decoded panel. More rows decode each weight fewer times; the
-// chunk's rows of x should stay in L2 (2 MiB a core on the AMX Xeons here), so about 1 MiB of
-// them, and at least 256 rows.
-int64_t amx_chunk_rows(int64_t K) {
-  return std::max<int64_t>(256, (int64_t{1} << 20) / (K * 2) / 32 * 32);
+// AMX: rows of x multiplied per decoded panel: a whole prefill step's (the default token
+// budget), so each weight is decoded once a step. The chunk's rows of x then stream from L3
+// for each panel, which a panel of up to kWidePanelRows weight rows amortizes.
+constexpr int64_t kAmxChunkRows = 2048;
+constexpr int64_t kWidePanelRows = 128;
+
+// Weight rows per panel for N output columns: up to kWidePanelRows, while every thread still
+// gets about four panels (the 135M model's 576-column layers: 64 on 2 threads).
+int64_t amx_panel_rows(int64_t N) {
+  const int64_t share = N / (4 * omp_get_max_threads()) / 32 * 32;
+  return std::clamp<int64_t>(share, 32, kWidePanelRows);
 }
 
 // Weight rows [n0, n0 + rows) as bf16, row-major [panel_rows, K]; rows past `rows` zero.
@@ -119,22 +126,30 @@ template <class F>
 void panel_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w, const bf16* bias,
                bf16* out, int64_t M) {
   const amx::TileConfig config = amx::eight_full_tiles();
-  const int64_t groups = w.K / F::kGroup, chunk_rows = amx_chunk_rows(w.K);
-  for (int64_t chunk = 0; chunk < padded_rows; chunk += chunk_rows) {
-    const int64_t chunk_end = std::min(padded_rows, chunk + chunk_rows);
+  const int64_t groups = w.K / F::kGroup, panel_rows = amx_panel_rows(w.N);
+  const int64_t sub_tiles = kPanelRows * w.K;  // one 32-row sub-panel's tile layout
+  for (int64_t chunk = 0; chunk < padded_rows; chunk += kAmxChunkRows) {
+    const int64_t chunk_end = std::min(padded_rows, chunk + kAmxChunkRows);
 #pragma omp parallel
     {
       _tile_loadconfig(&config);  // tile state is per thread
       std::vector<float> scale(kPanelRows * groups), min(kPanelRows * groups);
-      std::vector<bf16> tiles(kPanelRows * w.K);
+      std::vector<bf16> tiles(panel_rows * w.K);
       alignas(64) float block[32 * 32];
 #pragma omp for schedule(static)
-      for (int64_t n0 = 0; n0 < w.N; n0 += kPanelRows) {
-        const int64_t cols = std::min(kPanelRows, w.N - n0);
-        decode_panel_tiles<F>(w, n0, cols, tiles.data(), scale.data(), min.data());
+      for (int64_t p0 = 0; p0 < w.N; p0 += panel_rows) {
+        const int64_t p_end = std::min(w.N, p0 + panel_rows);
+        for (int64_t n0 = p0; n0 < p_end; n0 += kPanelRows)
+          decode_panel_tiles<F>(w, n0, std::min(kPanelRows, p_end - n0),
+                                tiles.data() + (n0 - p0) / kPanelRows * sub_tiles, scale.data(),
+                                min.data());
         for (int64_t m0 = chunk; m0 < chunk_end; m0 += 32) {
-          amx::multiply_block(x, tiles.data(), w.K, m0, 0, block);
-          write_block(block, bias, out, w.N, m0, std::min<int64_t>(32, M - m0), n0, cols);
+          const int64_t rows = std::min<int64_t>(32, M - m0);
+          for (int64_t n0 = p0; n0 < p_end; n0 += kPanelRows) {
+            amx::multiply_block(x, tiles.data() + (n0 - p0) / kPanelRows * sub_tiles, w.K, m0,
+                                0, block);
+            write_block(block, bias, out, w.N, m0, rows, n0, std::min(kPanelRows, p_end - n0));
+          }
         }
       }
       _tile_release();
