@@ -87,7 +87,7 @@ def _storage_of(tensor: torch.Tensor) -> tuple[int, int]:
         return id(tensor), tensor.numel() * tensor.element_size()
 
 
-def measure(model: str, dtype: str, gguf_large_batch: str = "bf16") -> dict[str, object]:
+def measure(model: str, dtype: str, gguf_large_batch: str = "auto") -> dict[str, object]:
     from engine.config import EngineConfig
     from engine.kernels import load_cpu_kernels
     from engine.loader import load_checkpoint
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.load_memory", description=__doc__)
     parser.add_argument("--model", default="default")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "auto"])
-    parser.add_argument("--gguf-large-batch", default="bf16", choices=["bf16", "blocks"])
+    parser.add_argument("--gguf-large-batch", default="auto", choices=["auto", "bf16", "blocks"])
     args = parser.parse_args(argv)
     print(json.dumps(measure(args.model, args.dtype, args.gguf_large_batch)))
     return 0

@@ -161,7 +161,7 @@ class ModelRunner:
         )
         # int4 is for the bytes: its layers keep no bf16 copy for large batches.
         large_batch_bf16 = (
-            config.gguf_large_batch == "bf16"
+            _wants_bf16_copy(config.gguf_large_batch, gguf_kernels)
             and self.quantization != "int4"
             and not self.batch_invariant  # the copy rounds the weights
         )
@@ -385,3 +385,11 @@ class ModelRunner:
         fault = self.debug_fault_token_id
         if holds(fault):
             raise InjectedFault(f"injected fault: a chunk contains token id {fault}")
+
+
+def _wants_bf16_copy(gguf_large_batch: str, kernels) -> bool:
+    """EngineConfig.gguf_large_batch: "auto" keeps a bf16 copy only where the GGUF panels have
+    no AMX tiles to run on."""
+    if gguf_large_batch == "auto":
+        return not (kernels is not None and kernels.amx_available())
+    return gguf_large_batch == "bf16"

@@ -124,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gguf-large-batch",
-        choices=["bf16", "blocks"],
-        default="bf16",
-        help="GGUF models, passes of more than 4 rows (16 on an AMX CPU): bf16 keeps a bf16 copy "
-        "of the weights "
-        "for them (faster); blocks reads the file's blocks (one copy in memory)",
+        choices=["auto", "bf16", "blocks"],
+        default="auto",
+        help="GGUF models, passes of more than 4 rows (64 on an AMX CPU): bf16 keeps a bf16 copy "
+        "of the weights for them; blocks reads the file's blocks (one copy in memory); auto: "
+        "blocks on an AMX CPU (as fast there), bf16 elsewhere (faster there)",
     )
     p.add_argument(
         "--quantization",

@@ -104,7 +104,8 @@ def test_weight_bytes_are_the_stored_blocks(gguf_files, kernels) -> None:
     assert runner.model.lm_head.bytes_read() == 512 * 210
     # With a bf16 copy for large batches, those read it: 2 bytes a weight. On an AMX CPU the
     # blocks serve up to GGUF_WIDE_TILE_ROWS (64: the tiles), else up to 4.
-    copied = ModelRunner(EngineConfig(model=str(path), dtype="bfloat16"), checkpoint, 64)
+    copied_config = EngineConfig(model=str(path), dtype="bfloat16", gguf_large_batch="bf16")
+    copied = ModelRunner(copied_config, checkpoint, 64)
     head = copied.model.lm_head
     blocks_rows = kernels.GGUF_WIDE_TILE_ROWS if kernels.amx_available() else 4
     assert head.blocks_rows() == blocks_rows
@@ -134,3 +135,19 @@ def test_loading_the_embedded_model_keeps_one_copy(kernels) -> None:
     # The blocks, the float norms and the RoPE tables (8192 positions x 64 x cos/sin, bf16).
     assert measured["served_bytes"] <= 1.05 * file_bytes, measured
     assert measured["load_peak_bytes"] <= 1.2 * file_bytes + LOAD_ALLOWANCE, measured
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_keeps_a_bf16_copy_only_without_amx(amx) -> None:
+    """gguf_large_batch "auto": on AMX the tiles and panels serve large passes from the blocks."""
+    from engine.model_runner import _wants_bf16_copy
+
+    class Kernels:
+        @staticmethod
+        def amx_available() -> bool:
+            return amx
+
+    assert _wants_bf16_copy("auto", Kernels()) is not amx
+    assert _wants_bf16_copy("auto", None) is True  # no kernels: plain layers, nothing to read
+    assert _wants_bf16_copy("bf16", Kernels()) is True
+    assert _wants_bf16_copy("blocks", Kernels()) is False
