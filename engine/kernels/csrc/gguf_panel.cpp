@@ -3,7 +3,8 @@
 // No float copy of the weight exists: each thread dequantizes a panel of weight rows (the
 // exact weights rounded to bf16, gguf::bf16_weights) into a small buffer of its own, row-major
 // [panel rows, K], and multiplies every row of x by it while it is in L2; the panel is then
-// dropped. Each weight is thus decoded once per chunk of kRowsPerChunk rows of x.
+// dropped. Each weight is thus decoded once per chunk of rows of x (kAmxChunkRows, a prefill
+// step, on AMX; kRowsPerChunk on the vector path).
 // AMX: the panel is decoded into amx_pack_weight's tile layout and x is read row-major, so
 // amx::multiply_block (amx_linear.cpp) runs exactly as over a bf16 layer's packed copy. (It
 // decoded the panel row-major as the A operand before, which needed x packed per call and each
