@@ -45,11 +45,11 @@ TileConfig eight_full_tiles();
 void multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
                     float* block);
 
-// A block computed transposed (weight rows as tile rows, as gguf_tiles.cpp does) put back:
-// out[m0 + j, n0 + i] = block[i * stride + j] (+ bias[n0 + i]) for j < rows, i < cols; out is
-// [.., N] bf16, stride a multiple of 16 (32 or 64). Defined in gguf_panel.cpp.
-void write_transposed(const float* block, int64_t stride, const bf16* bias, bf16* out,
-                      int64_t N, int64_t m0, int64_t rows, int64_t n0, int64_t cols);
+// A block put into out ([.., N] bf16), rounded once: out[m0 + r, n0 + c] = block[r * 32 + c]
+// (+ bias[n0 + c]) for r < rows, c < cols (<= 32). Defined in amx_linear.cpp; gguf_panel.cpp
+// writes its blocks with it too.
+void write_block(const float* block, const bf16* bias, bf16* out, int64_t N, int64_t m0,
+                 int64_t rows, int64_t n0, int64_t cols);
 
 #endif  // __AMX_BF16__
 

@@ -47,6 +47,20 @@ inline void prefetch_tile(const bf16* tile) {
 
 }  // namespace
 
+void amx::write_block(const float* block, const bf16* bias, bf16* out, int64_t N, int64_t m0,
+                      int64_t rows, int64_t n0, int64_t cols) {
+  const int64_t lo = std::min<int64_t>(cols, kVecLanes), hi = cols - lo;
+  const __m512 bias_lo = bias ? load(bias + n0, lo) : _mm512_setzero_ps();
+  const __m512 bias_hi = bias && hi ? load(bias + n0 + kVecLanes, hi) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    bf16* dst = out + (m0 + r) * N + n0;
+    store(dst, _mm512_add_ps(_mm512_load_ps(block + r * kBlock), bias_lo), lo);
+    if (hi)
+      store(dst + kVecLanes, _mm512_add_ps(_mm512_load_ps(block + r * kBlock + kVecLanes), bias_hi),
+            hi);
+  }
+}
+
 amx::TileConfig amx::eight_full_tiles() {
   amx::TileConfig config;
   for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kTileRows;
@@ -88,16 +102,6 @@ void amx::multiply_block(const bf16* x, const bf16* packed, int64_t K, int64_t m
 
 namespace {
 
-void write_block(const float* block, const bf16* bias, bf16* out, int64_t rows, int64_t N,
-                 int64_t m0, int64_t n0) {
-  const __m512 bias_lo = bias ? load(bias + n0) : _mm512_setzero_ps();
-  const __m512 bias_hi = bias ? load(bias + n0 + kVecLanes) : _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    bf16* dst = out + (m0 + r) * N + n0;
-    store(dst, _mm512_add_ps(_mm512_load_ps(block + r * kBlock), bias_lo));
-    store(dst + kVecLanes, _mm512_add_ps(_mm512_load_ps(block + r * kBlock + kVecLanes), bias_hi));
-  }
-}
 
 // A few rows (1-kVectorRows) of one 32-column block with AVX512-BF16 dot products straight
 // from the tile layout: a tile row r holds, for its 16 columns j, the weight pair
@@ -148,7 +152,7 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
       for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
         for (int64_t m0 = chunk; m0 < chunk_end; m0 += kBlock) {
           amx::multiply_block(x, packed, K, m0, n0, block);
-          write_block(block, bias, out, std::min(kBlock, M - m0), N, m0, n0);
+          amx::write_block(block, bias, out, N, m0, std::min(kBlock, M - m0), n0, kBlock);
         }
       }
       _tile_release();
@@ -187,7 +191,7 @@ void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups
         multiply_block_vector(x, item.weight, K, item.m0, item.rows, item.n0, out, N);
       } else {
         amx::multiply_block(x, item.weight, K, item.m0, item.n0, block);
-        write_block(block, nullptr, out, item.rows, N, item.m0, item.n0);
+        amx::write_block(block, nullptr, out, N, item.m0, item.rows, item.n0, kBlock);
       }
     }
     _tile_release();

@@ -109,19 +109,6 @@ void decode_panel_tiles(const GgufWeight& w, int64_t n0, int64_t rows, bf16* til
   }
 }
 
-// out[m0 + r, n0 + c] = block[r * 32 + c] (+ bias[n0 + c]) for r < rows, c < cols.
-void write_block(const float* block, const bf16* bias, bf16* out, int64_t N, int64_t m0,
-                 int64_t rows, int64_t n0, int64_t cols) {
-  const int64_t lo = std::min<int64_t>(cols, kVecLanes), hi = cols - lo;
-  const __m512 bias_lo = bias ? load(bias + n0, lo) : _mm512_setzero_ps();
-  const __m512 bias_hi = bias && hi ? load(bias + n0 + kVecLanes, hi) : _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    bf16* dst = out + (m0 + r) * N + n0;
-    store(dst, _mm512_add_ps(_mm512_load_ps(block + r * 32), bias_lo), lo);
-    if (hi) store(dst + kVecLanes, _mm512_add_ps(_mm512_load_ps(block + r * 32 + 16), bias_hi), hi);
-  }
-}
-
 // x: [padded_rows, K] row-major, the rows past M zero; the A operand as in amx_linear.
 template <class F>
 void panel_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w, const bf16* bias,
@@ -149,7 +136,8 @@ void panel_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w, const bf
           for (int64_t n0 = p0; n0 < p_end; n0 += kPanelRows) {
             amx::multiply_block(x, tiles.data() + (n0 - p0) / kPanelRows * sub_tiles, w.K, m0,
                                 0, block);
-            write_block(block, bias, out, w.N, m0, rows, n0, std::min(kPanelRows, p_end - n0));
+            const int64_t cols = std::min(kPanelRows, p_end - n0);
+            amx::write_block(block, bias, out, w.N, m0, rows, n0, cols);
           }
         }
       }
@@ -222,29 +210,6 @@ void panel_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* ou
 }
 
 }  // namespace
-
-#ifdef __AMX_BF16__
-// amx.h: also the epilogue of gguf_tiles.cpp. Each 16 x 16 quarter of the block is transposed
-// in registers and stored as 16-column row pieces. (It gathered one column of the block per
-// output row before: 64 gathers a block, which cost as much as the block's tile products.)
-void amx::write_transposed(const float* block, int64_t stride, const bf16* bias, bf16* out,
-                           int64_t N, int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
-  for (int64_t ih = 0; ih * kVecLanes < cols; ++ih) {  // block rows = output columns
-    const int64_t count = std::min<int64_t>(kVecLanes, cols - ih * kVecLanes);
-    const int64_t n = n0 + ih * kVecLanes;
-    const __m512 b = bias ? load(bias + n, count) : _mm512_setzero_ps();
-    for (int64_t jh = 0; jh * kVecLanes < rows; ++jh) {  // block columns = output rows
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = _mm512_load_ps(block + (ih * kVecLanes + i) * stride + jh * kVecLanes);
-      transpose_16x16(r);
-      const int64_t out_rows = std::min<int64_t>(kVecLanes, rows - jh * kVecLanes);
-      bf16* dst = out + (m0 + jh * kVecLanes) * N + n;
-      for (int64_t j = 0; j < out_rows; ++j) store(dst + j * N, _mm512_add_ps(r[j], b), count);
-    }
-  }
-}
-#endif  // __AMX_BF16__
 
 void gguf_panel_linear_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w,
                            const bf16* bias, bf16* out, int64_t M) {

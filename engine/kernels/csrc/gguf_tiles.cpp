@@ -25,7 +25,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -69,20 +68,44 @@ const uint32_t* pack_rows(const bf16* x, int64_t M, int64_t K, int64_t halves) {
         pairs[c] = 16 * h + c < M ? _mm512_loadu_ps(x + (16 * h + c) * K + kt * 32)
                                   : _mm512_setzero_ps();
       transpose_16x16(pairs);
-      float* tile = reinterpret_cast<float*>(tiles.data() + kt * x_kt_words(halves) + h * kTileWords);
+      uint32_t* words = tiles.data() + kt * x_kt_words(halves) + h * kTileWords;
+      float* tile = reinterpret_cast<float*>(words);
       for (int64_t r = 0; r < kPairs; ++r) _mm512_storeu_ps(tile + r * kRows, pairs[r]);
     }
   return tiles.data();
 }
 
 // A thread's scratch: the item's scales and mins per row, the staging tiles, C read back
-// (block[i * 32 + m]: weight row i, x row m, amx::write_transposed's layout).
+// (block[i * 32 + m]: weight row i, x row m, write_transposed's layout).
 struct Scratch {
   std::vector<float> scale, min;  // [kGroupRows][groups]
   alignas(64) bf16 stage[2][kGroupRows * 32];
   alignas(64) float block[kGroupRows * kGroupRows];
   explicit Scratch(int64_t groups) : scale(kGroupRows * groups), min(kGroupRows * groups) {}
 };
+
+// C read back transposed (weight rows as tile rows) put into out ([.., N] bf16):
+// out[m0 + j, n0 + i] = block[i * stride + j] (+ bias[n0 + i]) for j < rows, i < cols, stride a
+// multiple of 16 (32 or 64). Each 16 x 16 quarter is transposed in registers and stored as
+// 16-column row pieces. (It gathered one column of the block per output row before: 64 gathers
+// a block, which cost as much as the block's tile products.)
+void write_transposed(const float* block, int64_t stride, const bf16* bias, bf16* out,
+                      int64_t N, int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
+  for (int64_t ih = 0; ih * kVecLanes < cols; ++ih) {  // block rows = output columns
+    const int64_t count = std::min<int64_t>(kVecLanes, cols - ih * kVecLanes);
+    const int64_t n = n0 + ih * kVecLanes;
+    const __m512 b = bias ? load(bias + n, count) : _mm512_setzero_ps();
+    for (int64_t jh = 0; jh * kVecLanes < rows; ++jh) {  // block columns = output rows
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_load_ps(block + (ih * kVecLanes + i) * stride + jh * kVecLanes);
+      transpose_16x16(r);
+      const int64_t out_rows = std::min<int64_t>(kVecLanes, rows - jh * kVecLanes);
+      bf16* dst = out + (m0 + jh * kVecLanes) * N + n;
+      for (int64_t j = 0; j < out_rows; ++j) store(dst + j * N, _mm512_add_ps(r[j], b), count);
+    }
+  }
+}
 
 // Sub-block kt of the item's rows, as bf16, into a staging tile pair (rows past `rows` stay
 // zero).
@@ -96,7 +119,7 @@ inline void stage_sub_block(const GgufWeight& w, int64_t n0, int64_t rows, int64
                                                       &s.scale[i * groups], &s.min[i * groups]));
 }
 
-// The blocks of the item after this one (the next kGroupRows weight rows, contiguous: static
+// The blocks of the item after this one (the next item_rows weight rows, contiguous: static
 // scheduling gives each thread consecutive items), a k tile's share of their cache lines at a
 // time, so they are in cache when that item starts. An item reads its 32 rows at a stride of a
 // row, which the hardware prefetchers do not follow: without this, each item waited on DRAM
@@ -106,7 +129,7 @@ struct PrefetchNext {
   const char* start;
   int64_t lines_per_tile;
   PrefetchNext(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t k_tiles,
-               int64_t item_rows = kGroupRows)
+               int64_t item_rows)
       : start(reinterpret_cast<const char*>(blocks + n * row_bytes)),
         lines_per_tile((item_rows * row_bytes / 64 + k_tiles - 1) / k_tiles) {}
   void part(int64_t kt) const {
@@ -114,32 +137,41 @@ struct PrefetchNext {
   }
 };
 
-// Weight rows [n0, n0 + rows), rows <= 32, into out's columns n0... Two staging buffers: the
-// next sub-block is decoded before the current one's tile loads, so the loads do not wait
-// on stores just issued. (Tried and slower: decoding each row whole into a [32, K] panel and
-// loading tiles from it, 1.3x; prefetching the item's own rows 8 sub-blocks ahead, where
-// PrefetchNext fetches the next item's.)
-template <class F>
-void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
-               Scratch& s, const bf16* bias, bf16* out, int64_t M) {
-  const int64_t halves = x_halves(M);
+// Calls tile_products(kt, stage) for the item's k tiles in order, with sub-block kt of weight
+// rows [n0, n0 + rows) staged as bf16 in `stage` (rows past `rows`, up to item_rows, zero).
+// Two staging buffers: the next sub-block is decoded before the current one's tile loads, so
+// the loads do not wait on stores just issued. (Tried and slower: decoding each row whole into
+// a [32, K] panel and loading tiles from it, 1.3x; prefetching the item's own rows 8
+// sub-blocks ahead, where PrefetchNext fetches the next item's.)
+template <class F, class TileProducts>
+void over_staged_sub_blocks(const GgufWeight& w, int64_t n0, int64_t rows, int64_t item_rows,
+                            Scratch& s, TileProducts tile_products) {
   const int64_t row_bytes = w.K / F::kWeights * F::kBytes, groups = w.K / F::kGroup;
   for (int64_t i = 0; i < rows; ++i)
     gguf::read_params<F>(w.blocks + (n0 + i) * row_bytes, w.K, &s.scale[i * groups],
                          &s.min[i * groups]);
   for (bf16* stage : {s.stage[0], s.stage[1]})
-    std::fill(stage + rows * 32, stage + kGroupRows * 32, bf16{0});
+    std::fill(stage + rows * 32, stage + item_rows * 32, bf16{0});
+  const int64_t k_tiles = w.K / 32;
+  const PrefetchNext next(w.blocks, row_bytes, n0 + rows, k_tiles, item_rows);
+  stage_sub_block<F>(w, n0, rows, 0, s, s.stage[0]);
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    next.part(kt);
+    if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
+    tile_products(kt, s.stage[kt & 1]);
+  }
+}
+
+// Weight rows [n0, n0 + rows), rows <= 32, into out's columns n0...
+template <class F>
+void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
+               Scratch& s, const bf16* bias, bf16* out, int64_t M) {
+  const int64_t halves = x_halves(M);
   _tile_zero(0);  // C tiles: 0 = A0 B0, 1 = A1 B0, 6 = A0 B1, 7 = A1 B1 (A: 2, 3; B: 4, 5)
   _tile_zero(1);
   _tile_zero(6);
   _tile_zero(7);
-  const int64_t k_tiles = w.K / 32;
-  const PrefetchNext next(w.blocks, row_bytes, n0 + rows, k_tiles);
-  stage_sub_block<F>(w, n0, rows, 0, s, s.stage[0]);
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    next.part(kt);
-    const bf16* stage = s.stage[kt & 1];
-    if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
+  over_staged_sub_blocks<F>(w, n0, rows, kGroupRows, s, [&](int64_t kt, const bf16* stage) {
     _tile_loadd(2, stage, 64);
     _tile_loadd(3, stage + kRows * 32, 64);
     _tile_loadd(4, x_tiles + kt * x_kt_words(halves), 64);
@@ -150,7 +182,7 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
       _tile_dpbf16ps(6, 2, 5);
       _tile_dpbf16ps(7, 3, 5);
     }
-  }
+  });
   constexpr int64_t stride = kGroupRows * sizeof(float);
   _tile_stored(0, s.block, stride);
   _tile_stored(1, s.block + kRows * kGroupRows, stride);
@@ -158,34 +190,22 @@ void tile_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
     _tile_stored(6, s.block + kRows, stride);
     _tile_stored(7, s.block + kRows * kGroupRows + kRows, stride);
   }
-  amx::write_transposed(s.block, kGroupRows, bias, out, w.N, 0, M, n0, rows);
+  write_transposed(s.block, kGroupRows, bias, out, w.N, 0, M, n0, rows);
 }
 
 // 33-64 rows of x: weight rows [n0, n0 + rows), rows <= 16, against three or four B tiles.
 // One A tile (16 weight rows, tile 4) and three B tiles (5-7, the fourth reusing 5) leave
-// tiles 0-3 for C, one per 16 rows of x; each sub-block is still dequantized once for all the rows. C is read
-// back as block[i * 64 + m] (weight row i, x row m).
+// tiles 0-3 for C, one per 16 rows of x; each sub-block is still dequantized once for all the
+// rows. C is read back as block[i * 64 + m] (weight row i, x row m).
 template <class F>
 void wide_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t rows,
                Scratch& s, const bf16* bias, bf16* out, int64_t M) {
   const int64_t halves = x_halves(M);
-  const int64_t row_bytes = w.K / F::kWeights * F::kBytes, groups = w.K / F::kGroup;
-  for (int64_t i = 0; i < rows; ++i)
-    gguf::read_params<F>(w.blocks + (n0 + i) * row_bytes, w.K, &s.scale[i * groups],
-                         &s.min[i * groups]);
-  for (bf16* stage : {s.stage[0], s.stage[1]})
-    std::fill(stage + rows * 32, stage + kRows * 32, bf16{0});
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const int64_t k_tiles = w.K / 32;
-  const PrefetchNext next(w.blocks, row_bytes, n0 + rows, k_tiles, kRows);
-  stage_sub_block<F>(w, n0, rows, 0, s, s.stage[0]);
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    next.part(kt);
-    const bf16* stage = s.stage[kt & 1];
-    if (kt + 1 < k_tiles) stage_sub_block<F>(w, n0, rows, kt + 1, s, s.stage[(kt + 1) & 1]);
+  over_staged_sub_blocks<F>(w, n0, rows, kRows, s, [&](int64_t kt, const bf16* stage) {
     const uint32_t* b = x_tiles + kt * x_kt_words(halves);
     _tile_loadd(4, stage, 64);
     _tile_loadd(5, b, 64);
@@ -198,14 +218,14 @@ void wide_item(const uint32_t* x_tiles, const GgufWeight& w, int64_t n0, int64_t
       _tile_loadd(5, b + 3 * kTileWords, 64);
       _tile_dpbf16ps(3, 4, 5);
     }
-  }
+  });
   constexpr int64_t kWide = 4 * kRows;  // block row: 64 x rows
   constexpr int64_t stride = kWide * sizeof(float);
   _tile_stored(0, s.block, stride);
   _tile_stored(1, s.block + kRows, stride);
   _tile_stored(2, s.block + 2 * kRows, stride);
   if (halves == 4) _tile_stored(3, s.block + 3 * kRows, stride);
-  amx::write_transposed(s.block, kWide, bias, out, w.N, 0, M, n0, rows);
+  write_transposed(s.block, kWide, bias, out, w.N, 0, M, n0, rows);
 }
 
 template <class F>
