@@ -58,9 +58,9 @@ class GGUFLinear(nn.Module):
         # Set by use_kernels(), 0 without AMX: the rows gguf_linear's AMX tiles take (wide_rows)
         # and, of those, the rows the decode stack runs on them (tile_rows).
         self.tile_rows = self.wide_rows = 0
-        # With EngineConfig.gguf_large_batch "bf16": the weight dequantized to bf16 once, in the
-        # large-batch layout of a bf16 layer, for passes of more rows than blocks_rows()
-        # (measured: the block panels are several times slower than those tiles at 64 rows).
+        # With a bf16 copy (EngineConfig.gguf_large_batch "bf16", or "auto" without AMX): the
+        # weight dequantized to bf16 once, in the large-batch layout of a bf16 layer, for passes
+        # of more rows than blocks_rows() (without AMX the AVX512-BF16 panels are slower than it).
         self.large: PackedLinear | None = None
         # Set by engine/batch_invariance.py: every row count on the block panels (weights
         # rounded to bf16 as for large batches), whose per-row sums do not depend on the others.
