@@ -40,6 +40,8 @@ SOURCES = [
     "gguf_panel.cpp",
     "gguf_tiles.cpp",
     "amx_linear.cpp",
+    "moe_experts.cpp",
+    "moe_binding.cpp",
     "int8_linear.cpp",
     "int8_linear_binding.cpp",
     "argmax.cpp",
@@ -58,10 +60,12 @@ HEADERS = [
     "gguf_linear.h",
     "int8_linear_binding.h",
     "kernels.h",
+    "moe_binding.h",
     "numeric.h",
     "paged_attention_amx.h",
     "paged_attention_common.h",
     "paged_attention_scores.h",
+    "tile_matvec.h",
     "vec.h",
 ]
 # -march=native is safe: the module is built on the machine that runs it.

@@ -13,18 +13,19 @@ integrations/moe.py), rounding where it rounds:
 
 A step's (token, expert) pairs are sorted by expert once; each expert that was picked runs
 one matmul over all its tokens' rows (gate_up), the activation runs once over every pair, then
-one matmul per expert again (down). The weighted rows are scattered back to (token, pick)
-order with one index_copy_ and summed over the picks: the reduction HF uses (one rounding of
-the sum; an index_add_ into a bf16 output would round after every add).
+one matmul per expert again (down). The weighted rows are summed per token over the picks in
+fp32, rounded once: the reduction HF uses (an index_add_ into a bf16 output would round after
+every add). On AMX tiles all of that after the router is one native call (moe_experts.cpp:
+the sort, the gather, every active expert's two products in one parallel region each, the
+weighted sum); elsewhere the same steps in torch (_experts_in_torch).
 
 Expert weights: all experts of a layer in one tensor per matrix, gate_up [E, 2 I, H] (gate
 rows, then up rows) and down [E, H, I], in the serving dtype, filled at load one expert at a
 time, in the layout the matmul reads: AMX tiles (amx_pack_weight's layout per expert,
 [E, N/16, K/32, 16, 16, 2]) when the native kernels serve bfloat16 on an AMX CPU and the sizes
-tile evenly, so each expert's product is one amx_linear over its slice; else row-major, one
-F.linear per expert. One layout only: amx_linear also serves one-row products (Qwen3-30B-A3B's
-expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms per expert at 1 row, as
-small_batch_linear over row-major rows; F.linear 0.64 ms).
+tile evenly; else row-major, one F.linear per expert. One layout only: the tiles also serve
+one-row products (Qwen3-30B-A3B's expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms
+per expert at 1 row, as small_batch_linear over row-major rows; F.linear 0.64 ms).
 
 Measured, one bf16 layer on this 2-core AMX CPU (median of 15; tiles vs row-major F.linear):
 Qwen3-30B-A3B's (128 experts of 768, top-8) 5.0 vs 7.3 ms at 1 token (8 experts run),
@@ -164,51 +165,53 @@ class SparseMoE(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] -> [T, H]. Pair p = t * k + j is token t's j-th pick (top-k order);
-        `order` lists the pairs sorted by expert (stable), expert e's pairs at
-        [offset_e, offset_e + count_e) of the sorted rows."""
-        num_tokens, k = x.shape[0], self.top_k
+        """x [T, H] -> [T, H]: the router's top-k picks, then their experts, weighted and summed
+        (natively in one call on AMX tiles, else in torch)."""
+        weights, picks = self._route(x)
+        if self.kernels is not None:
+            out, self.num_experts_run = self.kernels.moe_experts(
+                x.contiguous(), picks, weights, self.gate_up_proj, self.down_proj
+            )
+            return out
+        return self._experts_in_torch(x, weights, picks)
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, picks), both [T, k] in top-k order: weights float32, or in the model's
+        dtype where the family rounds them (Qwen3-MoE)."""
         logits = self.gate.forward(x)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, experts = torch.topk(probs, k, dim=-1)  # [T, k]
+        weights, picks = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights /= weights.sum(dim=-1, keepdim=True)
         if self.round_routing_weights:
             weights = weights.to(logits.dtype)
-        flat = experts.flatten()
+        return weights, picks
+
+    def _experts_in_torch(self, x: torch.Tensor, weights, picks) -> torch.Tensor:
+        """The row-major experts, as moe_experts computes the tiled ones. Pair p = t * k + j
+        is token t's j-th pick; `order` lists the pairs sorted by expert (stable), expert e's
+        pairs at [offset_e, offset_e + count_e) of the sorted rows."""
+        num_tokens, k = x.shape[0], self.top_k
+        flat = picks.flatten()
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         rows = x.index_select(0, order // k)  # [T k, H], sorted by expert
         active = [(e, n) for e, n in enumerate(counts) if n]
         self.num_experts_run = len(active)
-        hidden = self.ops.silu_and_mul(self._per_expert(self.gate_up_proj, rows, active))
-        out = self._per_expert(self.down_proj, hidden, active)
+        hidden = self.ops.silu_and_mul(_per_expert(self.gate_up_proj, rows, active))
+        out = _per_expert(self.down_proj, hidden, active)
         weighted = out * weights.flatten().index_select(0, order).unsqueeze(1)
         by_pair = torch.empty_like(weighted).index_copy_(0, order, weighted)
         return by_pair.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
 
-    def _per_expert(self, weight: torch.Tensor, rows: torch.Tensor, active) -> torch.Tensor:
-        """rows (sorted by expert) @ their expert's matrix.T: with AMX tiles, every active
-        expert in one native call (amx_grouped_linear; one parallel region streams all their
-        tiles, each row computed as amx_linear computes it); else one matmul per expert."""
-        if self.kernels is not None:
-            return self._grouped(weight, rows, active)
-        pieces, first = [], 0
-        for e, n in active:
-            x = rows[first : first + n]
-            first += n
-            pieces.append(F.linear(x, weight[e]))
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
-    def _grouped(self, weight: torch.Tensor, rows: torch.Tensor, active) -> torch.Tensor:
-        groups, first = [], 0
-        for e, n in active:
-            groups.append((e, first, n))
-            first += n
-        # Tile loads read 32 rows from a block's first row: pad past the last one.
-        padded = rows.new_zeros(rows.shape[0] + TILE_DEPTH, rows.shape[1])
-        padded[: rows.shape[0]] = rows
-        return self.kernels.amx_grouped_linear(padded, weight, torch.tensor(groups))
+def _per_expert(weight: torch.Tensor, rows: torch.Tensor, active) -> torch.Tensor:
+    """rows (sorted by expert) @ their expert's matrix.T, one matmul per active expert."""
+    pieces, first = [], 0
+    for e, n in active:
+        pieces.append(F.linear(rows[first : first + n], weight[e]))
+        first += n
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 # The router's checkpoint names under a layer: Qwen3-MoE and transformers 5, then Mixtral's.

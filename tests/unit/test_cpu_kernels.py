@@ -164,16 +164,16 @@ def test_amx_linear_matches_fp32_matmul(rows) -> None:
 
 
 def test_amx_grouped_linear_is_amx_linear_per_expert() -> None:
-    """Each group's rows equal the fp32 reference, and those of groups over 4 rows (on the
-    tiles) equal amx_linear over that expert alone, bit for bit; groups of 1-4 rows take the
-    vector path. Groups of 0, 1, 3, 4, 5, 31, 33 and 70 rows, experts out of order and
-    repeated."""
+    """Each group's rows equal the fp32 reference, and those of groups over 2 rows (on the
+    tiles) equal amx_linear over that expert alone, bit for bit; groups of 1-2 rows take the
+    vector path. Groups of 0, 1, 2, 3, 4, 5, 31, 33 and 70 rows, experts out of order and
+    repeated; 96 columns, so the second vector item of a group covers 32 of its 64."""
     if not kernels.amx_available():
         pytest.skip("no AMX on this CPU")
     torch.manual_seed(3)
-    weights = [torch.randn(64, 96, dtype=torch.bfloat16) for _ in range(5)]
+    weights = [torch.randn(96, 96, dtype=torch.bfloat16) for _ in range(5)]
     packed = torch.stack([kernels.amx_pack_weight(w) for w in weights])
-    plan = [(3, 1), (0, 0), (2, 3), (0, 4), (1, 5), (1, 31), (4, 33), (3, 70)]  # (expert, rows)
+    plan = [(3, 1), (0, 0), (2, 2), (2, 3), (0, 4), (1, 5), (1, 31), (4, 33), (3, 70)]
     total = sum(n for _, n in plan)
     x = torch.randn(total + 32, 96, dtype=torch.bfloat16)
     groups, first = [], 0
@@ -181,12 +181,12 @@ def test_amx_grouped_linear_is_amx_linear_per_expert() -> None:
         groups.append((e, first, n))
         first += n
     got = kernels.amx_grouped_linear(x, packed, torch.tensor(groups))
-    assert got.shape == (total, 64)
+    assert got.shape == (total, 96)
     for e, first, n in groups:
         if n:
             rows = x[first : first + n]
             alone = kernels.amx_linear(rows, kernels.amx_pack_weight(weights[e]), None)
-            if n > 4:
+            if n > 2:
                 assert torch.equal(got[first : first + n], alone)
             want = (rows.float() @ weights[e].float().T).bfloat16()
             torch.testing.assert_close(got[first : first + n], want, atol=1e-2, rtol=1e-2)
@@ -194,6 +194,49 @@ def test_amx_grouped_linear_is_amx_linear_per_expert() -> None:
         kernels.amx_grouped_linear(x, packed, torch.tensor([(0, 5, 4), (1, 0, 4)]))
     with pytest.raises(RuntimeError, match="padding"):
         kernels.amx_grouped_linear(x[:10], packed, torch.tensor([(0, 0, 1)]))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
+def test_moe_experts_is_each_pick_through_its_expert_weighted_in_pick_order(weights_dtype) -> None:
+    """moe_experts against its plain-torch reference, bit for bit: each (token, pick) row
+    through amx_linear (gate_up), the kernels' silu_and_mul and amx_linear (down), each
+    weighted product rounded to bf16 when the weights are bf16, the k products summed in pick
+    order in float32 and rounded once. 16 experts, top-8 over 40 tokens: every expert gets
+    more than 2 rows (so its rows run on the tiles, as amx_linear's do), the picks of a token
+    are out of expert order, and experts 14 and 15 are picked by no token and not counted."""
+    if not kernels.amx_available():
+        pytest.skip("no AMX on this CPU")
+    torch.manual_seed(5)
+    tokens, k, hidden, inter, num_experts = 40, 8, 64, 96, 16
+    gate_up = [torch.randn(2 * inter, hidden, dtype=torch.bfloat16) * 0.2 for _ in range(16)]
+    down = [torch.randn(hidden, inter, dtype=torch.bfloat16) * 0.2 for _ in range(16)]
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+    picks = torch.stack([torch.randperm(14)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k).to(weights_dtype)
+    got, run = kernels.moe_experts(x, picks, weights, *_stacked_tiles(gate_up, down))
+    assert run == len(set(picks.flatten().tolist())) == 14
+    assert torch.bincount(picks.flatten(), minlength=num_experts)[:14].min() > 2
+    want = torch.empty_like(got)
+    for t in range(tokens):
+        total = torch.zeros(hidden)
+        for j in range(k):
+            e = int(picks[t, j])
+            gated = kernels.amx_linear(x[t : t + 1], kernels.amx_pack_weight(gate_up[e]), None)
+            hidden_row = kernels.silu_and_mul(gated)
+            out = kernels.amx_linear(hidden_row, kernels.amx_pack_weight(down[e]), None)[0]
+            product = out * weights[t, j : j + 1]  # bf16 x bf16 rounds; bf16 x fp32 is fp32
+            total += product.float()
+        want[t] = total.bfloat16()
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="expert"):
+        kernels.moe_experts(x, picks + 3, weights, *_stacked_tiles(gate_up, down))
+
+
+def _stacked_tiles(gate_up, down) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.stack([kernels.amx_pack_weight(w) for w in gate_up]),
+        torch.stack([kernels.amx_pack_weight(w) for w in down]),
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -292,6 +335,9 @@ def gil_free_calls() -> dict:
         experts = kernels.amx_pack_weight(weight).unsqueeze(0)
         padded = torch.cat([rows, rows[:32]])
         ops["amx_grouped_linear"] = (padded, experts, torch.tensor([[0, 0, rows.shape[0]]]))
+        down = kernels.amx_pack_weight(weight[:512, :512]).unsqueeze(0)
+        picks, route_weights = torch.zeros(64, 1, dtype=torch.int64), torch.ones(64, 1)
+        ops["moe_experts"] = (rows, picks, route_weights, experts, down)
     return {name: functools.partial(getattr(kernels, name), *args) for name, args in ops.items()}
 
 
@@ -311,6 +357,7 @@ GIL_FREE_OPS = [
     "amx_pack_weight",
     "amx_linear",
     "amx_grouped_linear",
+    "moe_experts",
 ]
 
 

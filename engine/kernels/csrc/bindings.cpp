@@ -6,6 +6,7 @@
 #include "gguf_binding.h"
 #include "gguf_linear.h"
 #include "int8_linear_binding.h"
+#include "moe_binding.h"
 
 namespace meterserve {
 namespace {
@@ -388,4 +389,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_decode_stack(m);  // DecodeStack.run releases the GIL itself, after its checks
   bind_gguf(m);          // gguf_linear (gguf_binding.cpp)
   bind_int8_linear(m);
+  bind_moe(m);  // moe_experts (moe_binding.cpp)
 }

@@ -41,6 +41,31 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
 void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups,
                         int64_t num_groups, bf16* out, int64_t N, int64_t K);
 
+// One mixture-of-experts layer's experts, each in amx_linear's tile layout: gate_up [E] of
+// [2 inter, hidden] (gate rows, then up rows), down [E] of [hidden, inter].
+struct MoeExperts {
+  const bf16* gate_up;
+  const bf16* down;
+  int64_t num_experts, hidden, inter;
+};
+
+// moe_experts' working memory for P = tokens * k pairs: rows [P + 32, hidden] and hidden
+// [P + 32, inter] (32 rows of padding each, as amx_grouped_linear reads), gate_up_out
+// [P, 2 inter], expert_out [P, hidden], order and position [P].
+struct MoeScratch {
+  bf16 *rows, *gate_up_out, *hidden, *expert_out;
+  int64_t *order, *position;
+};
+
+// out[t] = sum over j < k, in order, of weights[t, j] * expert picks[t, j] applied to x[t]
+// (down(silu(gate(x)) * up(x)), each expert's rows as amx_grouped_linear computes them), fp32
+// sum rounded once to bf16; round_products: each weighted product is first rounded to bf16.
+// picks [tokens, k] in [0, num_experts); weights fp32 [tokens, k]. Returns how many distinct
+// experts ran (the meter's bytes). AMX only; see moe_experts.cpp.
+int64_t moe_experts(const bf16* x, const int64_t* picks, const float* weights,
+                    bool round_products, const MoeExperts& experts, int64_t tokens, int64_t k,
+                    const MoeScratch& scratch, bf16* out);
+
 // An int8 [N, K] weight (N % 32 == 0, K % 64 == 0) quantized per output channel, in the one
 // layout both int8 paths read: packed[n / 16][k / 64][(k % 64) / 4][n % 16][k % 4] =
 // weight[n][k] (AMX-INT8 B tiles, vpdpbusd operands); scales fp32 [N] (weight = packed *

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "tile_matvec.h"
 #include "vec.h"
 
 namespace meterserve {
@@ -92,7 +93,32 @@ void tile_rows(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, i
     tile_slices<M, 1>(x, packed, bias, out, N, K, n_tile);
 }
 
+// Slices [n_tile, n_tile + num_slices) of M rows on this thread, kSlices<M> at a time.
+template <int M>
+void slices_of_rows(const bf16* x, const bf16* packed, bf16* out, int64_t N, int64_t K,
+                    int64_t n_tile, int64_t num_slices) {
+  constexpr int kS = kSlices<M>;
+  int64_t s = 0;
+  for (; s + kS <= num_slices; s += kS)
+    tile_slices<M, kS>(x, packed, nullptr, out, N, K, n_tile + s);
+  for (; s < num_slices; ++s) tile_slices<M, 1>(x, packed, nullptr, out, N, K, n_tile + s);
+}
+
 }  // namespace
+
+void tile_slices_rows(const bf16* x, const bf16* packed, bf16* out, int64_t M, int64_t N,
+                      int64_t K, int64_t n_tile, int64_t num_slices) {
+  switch (M) {
+    case 1: return slices_of_rows<1>(x, packed, out, N, K, n_tile, num_slices);
+    case 2: return slices_of_rows<2>(x, packed, out, N, K, n_tile, num_slices);
+    case 3: return slices_of_rows<3>(x, packed, out, N, K, n_tile, num_slices);
+    case 4: return slices_of_rows<4>(x, packed, out, N, K, n_tile, num_slices);
+    case 5: return slices_of_rows<5>(x, packed, out, N, K, n_tile, num_slices);
+    case 6: return slices_of_rows<6>(x, packed, out, N, K, n_tile, num_slices);
+    case 7: return slices_of_rows<7>(x, packed, out, N, K, n_tile, num_slices);
+    default: return slices_of_rows<8>(x, packed, out, N, K, n_tile, num_slices);
+  }
+}
 
 void tile_small_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out,
                        int64_t M, int64_t N, int64_t K) {

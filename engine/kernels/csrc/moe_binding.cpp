@@ -1,0 +1,69 @@
+// Binding of moe_experts: check the picks, weights and expert tiles, allocate the scratch.
+#include "moe_binding.h"
+
+#include "binding_checks.h"
+
+namespace meterserve {
+namespace {
+
+// One layer's experts [E, N / 16, K / 32, 16, 16, 2] (amx_pack_weight per expert).
+void check_expert_tiles(const torch::Tensor& t, int64_t E, int64_t N, int64_t K,
+                        const char* name) {
+  TORCH_CHECK(t.dim() == 6 && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() &&
+                  t.size(0) == E && t.size(1) * 16 == N && t.size(2) * 32 == K &&
+                  t.size(3) == 16 && t.size(4) == 16 && t.size(5) == 2,
+              "moe_experts: ", name, " must be [", E, "] experts of amx_pack_weight([", N, ", ",
+              K, "])");
+}
+
+// (out [T, H], experts run). weights float32 or bfloat16 [T, k]: bfloat16 weights round each
+// weighted product to bfloat16 (see kernels.h).
+std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
+                                                   const torch::Tensor& picks,
+                                                   const torch::Tensor& weights,
+                                                   const torch::Tensor& gate_up,
+                                                   const torch::Tensor& down) {
+  TORCH_CHECK(amx_available(), "AMX is not available to this process");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+              "x must be contiguous bfloat16 [T, H]");
+  const int64_t tokens = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(picks.dim() == 2 && picks.size(0) == tokens && picks.scalar_type() == torch::kInt64,
+              "picks must be int64 [T, k]");
+  TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
+  TORCH_CHECK(gate_up.dim() == 6 && down.dim() == 6, "experts must be [E, ...] tile layouts");
+  const int64_t E = gate_up.size(0), inter = down.size(2) * 32, k = picks.size(1);
+  check_expert_tiles(gate_up, E, 2 * inter, hidden, "gate_up");
+  check_expert_tiles(down, E, hidden, inter, "down");
+  const torch::Tensor pick_ids = picks.contiguous();
+  const int64_t pairs = tokens * k;
+  check_indices(data<int64_t>(pick_ids), pairs, E, "expert");
+  const bool round_products = weights.scalar_type() == torch::kBFloat16;
+  const torch::Tensor weights32 = weights.to(torch::kFloat32).contiguous();
+  auto bf16_rows = [&](int64_t rows, int64_t cols) {
+    return torch::empty({rows, cols}, x.options());
+  };
+  // Padding rows: read by tile loads, never written out; zero so they hold numbers.
+  torch::Tensor rows = bf16_rows(pairs + 32, hidden), hidden_rows = bf16_rows(pairs + 32, inter);
+  rows.narrow(0, pairs, 32).zero_();
+  hidden_rows.narrow(0, pairs, 32).zero_();
+  torch::Tensor gate_up_out = bf16_rows(pairs, 2 * inter), expert_out = bf16_rows(pairs, hidden);
+  torch::Tensor index = torch::empty({2, pairs}, picks.options());
+  const MoeScratch scratch{data<bf16>(rows),        data<bf16>(gate_up_out),
+                           data<bf16>(hidden_rows), data<bf16>(expert_out),
+                           data<int64_t>(index),    data<int64_t>(index) + pairs};
+  const MoeExperts experts{data<bf16>(gate_up), data<bf16>(down), E, hidden, inter};
+  torch::Tensor out = bf16_rows(tokens, hidden);
+  const int64_t run = moe_experts(data<bf16>(x), data<int64_t>(pick_ids), data<float>(weights32),
+                                  round_products, experts, tokens, k, scratch, data<bf16>(out));
+  return {out, run};
+}
+
+}  // namespace
+
+void bind_moe(pybind11::module_& m) {
+  m.def("moe_experts", &moe_experts_op,
+        "a MoE layer's picked experts on AMX tiles, weighted and summed per token: (out, run)",
+        py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace meterserve
