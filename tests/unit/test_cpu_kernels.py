@@ -163,17 +163,31 @@ def test_amx_linear_matches_fp32_matmul(rows) -> None:
     )
 
 
-def test_amx_grouped_linear_is_amx_linear_per_expert() -> None:
+@pytest.mark.parametrize("columns", [96, 128])
+def test_amx_grouped_linear_is_amx_linear_per_expert(columns: int) -> None:
     """Each group's rows equal the fp32 reference, and those of groups over 2 rows (on the
     tiles) equal amx_linear over that expert alone, bit for bit; groups of 1-2 rows take the
-    vector path. Groups of 0, 1, 2, 3, 4, 5, 31, 33 and 70 rows, experts out of order and
-    repeated; 96 columns, so the second vector item of a group covers 32 of its 64."""
+    vector path, of 3-16 rows 16 x 64 blocks when the columns are a multiple of 64. Groups of
+    0, 1, 2, 3, 4, 5, 16, 17, 31, 33 and 70 rows, experts out of order and repeated; at 96
+    columns a group's second vector item covers 32 of its 64."""
     if not kernels.amx_available():
         pytest.skip("no AMX on this CPU")
     torch.manual_seed(3)
-    weights = [torch.randn(96, 96, dtype=torch.bfloat16) for _ in range(5)]
+    weights = [torch.randn(columns, 96, dtype=torch.bfloat16) for _ in range(5)]
     packed = torch.stack([kernels.amx_pack_weight(w) for w in weights])
-    plan = [(3, 1), (0, 0), (2, 2), (2, 3), (0, 4), (1, 5), (1, 31), (4, 33), (3, 70)]
+    plan = [
+        (3, 1),
+        (0, 0),
+        (2, 2),
+        (2, 3),
+        (0, 4),
+        (1, 5),
+        (4, 16),
+        (0, 17),
+        (1, 31),
+        (4, 33),
+        (3, 70),
+    ]
     total = sum(n for _, n in plan)
     x = torch.randn(total + 32, 96, dtype=torch.bfloat16)
     groups, first = [], 0
@@ -181,7 +195,7 @@ def test_amx_grouped_linear_is_amx_linear_per_expert() -> None:
         groups.append((e, first, n))
         first += n
     got = kernels.amx_grouped_linear(x, packed, torch.tensor(groups))
-    assert got.shape == (total, 96)
+    assert got.shape == (total, columns)
     for e, first, n in groups:
         if n:
             rows = x[first : first + n]

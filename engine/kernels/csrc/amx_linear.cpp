@@ -112,6 +112,48 @@ namespace {
 constexpr int64_t kVectorRows = 2;
 constexpr int64_t kVectorColumns = 64;
 
+// Groups of 3-16 rows (a batch-64 decode step over 64 experts, top-8: ~8 rows each) fill one A
+// tile, so they take 16 x 64 blocks: one x tile against four weight slices, four weight
+// streams per thread where the 32 x 32 block has two and half its x rows empty.
+// Each output element accumulates the same tile products in the same order as in
+// multiply_block, so these rows equal amx_linear's bit for bit.
+constexpr int64_t kWideRows = kTileRows, kWideColumns = 64;
+
+// Rows [m0, m0 + 16) of x (padded) times columns [n0, n0 + 64): columns [n0, n0 + 32) into
+// left, [n0 + 32, n0 + 64) into right, each 16 rows of kBlock floats. Tiles: 0-3 accumulators
+// (a 16-column quarter each), 4 x, 5-7 weight (the fourth quarter reloads 5).
+void multiply_wide_block(const bf16* x, const bf16* packed, int64_t K, int64_t m0, int64_t n0,
+                         float* left, float* right) {
+  const int64_t k_tiles = K / kTileDepth, slice = k_tiles * kTileElements;
+  const bf16* w0 = packed + (n0 / kTileRows) * slice;
+  const bf16 *w1 = w0 + slice, *w2 = w1 + slice, *w3 = w2 + slice;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const int64_t ahead = (kt + kPrefetchTiles) * kTileElements, at = kt * kTileElements;
+    prefetch_tile(w0 + ahead);
+    prefetch_tile(w1 + ahead);
+    prefetch_tile(w2 + ahead);
+    prefetch_tile(w3 + ahead);
+    _tile_loadd(4, x + m0 * K + kt * kTileDepth, K * sizeof(bf16));
+    _tile_loadd(5, w0 + at, 64);
+    _tile_loadd(6, w1 + at, 64);
+    _tile_loadd(7, w2 + at, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, w3 + at, 64);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  const int64_t stride = kBlock * sizeof(float);
+  _tile_stored(0, left, stride);
+  _tile_stored(1, left + kTileRows, stride);
+  _tile_stored(2, right, stride);
+  _tile_stored(3, right + kTileRows, stride);
+}
+
 }  // namespace
 
 bool amx_available() { return amx::permitted(); }
@@ -139,13 +181,14 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
 
 void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups,
                         int64_t num_groups, bf16* out, int64_t N, int64_t K) {
-  // Work items (group, column block, 32-row block), column blocks of one group in order so
-  // each thread's static share streams consecutive weight tiles; a group's row blocks share a
-  // column block's tiles from L1. A group of few rows is one row block on the vector product.
+  // Work items (group, column block, row block), column blocks of one group in order so each
+  // thread's static share streams consecutive weight tiles; a group's row blocks share a
+  // column block's tiles from L1. A group of few rows is one row block, vector or wide.
+  enum class Kind { kVector, kWide, kBlock };
   struct Item {
     const bf16* weight;
     int64_t m0, rows, n0;
-    bool vector;
+    Kind kind;
   };
   std::vector<Item> items;
   const int64_t expert_elements = N * K;
@@ -153,14 +196,16 @@ void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups
     const int64_t expert = groups[3 * g], first = groups[3 * g + 1], count = groups[3 * g + 2];
     const bf16* weight = packed + expert * expert_elements;
     if (count == 0) continue;
-    if (count <= kVectorRows) {
-      for (int64_t n0 = 0; n0 < N; n0 += kVectorColumns)
-        items.push_back({weight, first, count, n0, true});
+    if (count <= kVectorRows || (count <= kWideRows && N % kWideColumns == 0)) {
+      const bool vector = count <= kVectorRows;
+      const int64_t step = vector ? kVectorColumns : kWideColumns;
+      for (int64_t n0 = 0; n0 < N; n0 += step)
+        items.push_back({weight, first, count, n0, vector ? Kind::kVector : Kind::kWide});
       continue;
     }
     for (int64_t n0 = 0; n0 < N; n0 += kBlock)
       for (int64_t m0 = first; m0 < first + count; m0 += kBlock)
-        items.push_back({weight, m0, std::min(kBlock, first + count - m0), n0, false});
+        items.push_back({weight, m0, std::min(kBlock, first + count - m0), n0, Kind::kBlock});
   }
   const amx::TileConfig config = amx::eight_full_tiles();
   const int64_t num_items = static_cast<int64_t>(items.size());
@@ -171,10 +216,15 @@ void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < num_items; ++i) {
       const Item& item = items[i];
-      if (item.vector) {
+      if (item.kind == Kind::kVector) {
         const int64_t slices = std::min(kVectorColumns, N - item.n0) / kTileRows;
         tile_slices_rows(x + item.m0 * K, item.weight, out + item.m0 * N, item.rows, N, K,
                          item.n0 / kTileRows, slices);
+      } else if (item.kind == Kind::kWide) {
+        float* right = block + kTileRows * kBlock;
+        multiply_wide_block(x, item.weight, K, item.m0, item.n0, block, right);
+        amx::write_block(block, nullptr, out, N, item.m0, item.rows, item.n0, kBlock);
+        amx::write_block(right, nullptr, out, N, item.m0, item.rows, item.n0 + kBlock, kBlock);
       } else {
         amx::multiply_block(x, item.weight, K, item.m0, item.n0, block);
         amx::write_block(block, nullptr, out, N, item.m0, item.rows, item.n0, kBlock);
