@@ -32,6 +32,13 @@ class TorchLayerOps:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
 
+    def rms_norm_heads_(self, x, first_column: int, weight, num_heads: int, eps: float) -> None:
+        """In place: num_heads heads of weight.numel() columns of each row of x [rows, width],
+        from first_column, each RMS-normalized and scaled by weight (Qwen3's q and k norms)."""
+        columns = slice(first_column, first_column + num_heads * weight.numel())
+        heads = x[:, columns].unflatten(1, (num_heads, weight.numel()))
+        x[:, columns] = rms_norm(heads, weight, eps).flatten(1)
+
     def add_rms_norm(self, x, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(residual + x), residual + x)."""
         residual = residual + x
@@ -61,6 +68,9 @@ class KernelLayerOps:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self.kernels.rms_norm(x, weight, eps)
+
+    def rms_norm_heads_(self, x, first_column: int, weight, num_heads: int, eps: float) -> None:
+        self.kernels.rms_norm_heads_(x, first_column, weight, num_heads, eps)
 
     def add_rms_norm(self, x, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
         # In place: x and residual are this step's own activations, never weights or inputs.

@@ -143,13 +143,11 @@ class Attention(nn.Module):
         qkv = self.qkv_proj.forward(hidden)
         q_size, kv_size, _ = self.split_sizes
         if self.q_norm is not None:
-            # Qwen3 normalizes each q and k head before RoPE; write them back so q and k
-            # stay adjacent in qkv and rotate together below.
-            qkv[:, :q_size] = self.q_norm.forward(
-                qkv[:, :q_size].unflatten(1, (-1, self.head_dim))
-            ).flatten(1)
-            k = qkv[:, q_size : q_size + kv_size].unflatten(1, (-1, self.head_dim))
-            qkv[:, q_size : q_size + kv_size] = self.k_norm.forward(k).flatten(1)
+            # Qwen3 normalizes each q and k head before RoPE, in place, so q and k stay
+            # adjacent in qkv and rotate together below.
+            eps = self.q_norm.eps
+            self.ops.rms_norm_heads_(qkv, 0, self.q_norm.weight, self.num_heads, eps)
+            self.ops.rms_norm_heads_(qkv, q_size, self.k_norm.weight, self.num_kv_heads, eps)
         # q and k are adjacent in qkv: rotate them as one [tokens, heads + kv_heads, dim].
         qk = self.ops.rotate_heads(qkv, rope, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]

@@ -52,6 +52,27 @@ def test_rms_norm_and_fused_add_match_torch(dtype, rows, hidden) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 40])
+def test_rms_norm_heads_normalizes_those_heads_in_place(dtype, rows) -> None:
+    """Qwen3's q and k norms: heads [2, 5) of rows 224 wide (head_dim 32), in place, equal to
+    TorchLayerOps' (bit for bit in bf16, as rms_norm); the columns outside them untouched.
+    40 rows take the threads."""
+    torch.manual_seed(rows)
+    reference, fused = _ops()
+    x = torch.randn(rows, 224, dtype=dtype) * 3
+    weight = torch.randn(32, dtype=dtype)
+    want, got = x.clone(), x.clone()
+    reference.rms_norm_heads_(want, 64, weight, 3, 1e-6)
+    fused.rms_norm_heads_(got, 64, weight, 3, 1e-6)
+    exact = {"atol": 0, "rtol": 0} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(got, want, **exact)
+    assert torch.equal(got[:, :64], x[:, :64]) and torch.equal(got[:, 160:], x[:, 160:])
+    assert not torch.equal(got[:, 64:160], x[:, 64:160])
+    with pytest.raises(RuntimeError, match="past the end"):
+        fused.rms_norm_heads_(got, 200, weight, 1, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_torch(dtype) -> None:
     torch.manual_seed(1)
     gate_up = torch.randn(19, 2 * 72, dtype=dtype) * 4
@@ -336,6 +357,7 @@ def gil_free_calls() -> dict:
         "argmax_rows": (rows,),
         "rms_norm": (rows, weight[0], 1e-5),
         "add_rms_norm_": (normed, residual, weight[0], 1e-5),
+        "rms_norm_heads_": (normed, 0, weight[0, :64], 8, 1e-5),
         "silu_and_mul": (rows,),
         "rotary_": (rotated, positions, cos, sin, 5, 64),
         "store_kv_": (qkv[:, :128], qkv[:, 128:256], *written, torch.arange(64) * 7),
@@ -362,6 +384,7 @@ GIL_FREE_OPS = [
     "argmax_rows",
     "rms_norm",
     "add_rms_norm_",
+    "rms_norm_heads_",
     "silu_and_mul",
     "rotary_",
     "store_kv_",

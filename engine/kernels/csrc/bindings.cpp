@@ -179,6 +179,24 @@ torch::Tensor rms_norm_op(const torch::Tensor& x, const torch::Tensor& weight, d
   return out;
 }
 
+// Heads [first_column / head_dim, + num_heads) of every row of x [rows, width], in place.
+void rms_norm_heads_op(torch::Tensor& x, int64_t first_column, const torch::Tensor& weight,
+                       int64_t num_heads, double eps) {
+  check_row_major(x, "x");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.is_contiguous(),
+              "rms_norm_heads_: x must be [rows, width], weight [head_dim]");
+  check_same_dtype(x, weight, "rms_norm_heads_");
+  const int64_t head_dim = weight.numel();
+  TORCH_CHECK(first_column >= 0 && num_heads >= 0 &&
+                  first_column + num_heads * head_dim <= x.size(1),
+              "rms_norm_heads_: heads past the end of the row");
+  dispatch(x, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_heads<T>(data<T>(x) + first_column, x.stride(0), data<T>(weight), x.size(0),
+                      num_heads, head_dim, eps);
+  });
+}
+
 void add_rms_norm_op(torch::Tensor& x, torch::Tensor& residual, const torch::Tensor& weight,
                      double eps) {
   TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && weight.is_contiguous(),
@@ -366,6 +384,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draw_whole", &draw_whole_op, "inverse-CDF draw over the whole vocabulary, min_p",
         without_gil);
   m.def("rms_norm", &rms_norm_op, "RMSNorm per row, HF rounding", without_gil);
+  m.def("rms_norm_heads_", &rms_norm_heads_op,
+        "RMSNorm in place over num_heads heads of each row from first_column (Qwen3 q/k norms)",
+        without_gil);
   m.def("add_rms_norm_", &add_rms_norm_op, "residual += x; x = rms_norm(residual), in place",
         without_gil);
   m.def("silu_and_mul", &silu_and_mul_op, "silu(gate) * up over [..., 2 * inter]", without_gil);

@@ -41,6 +41,17 @@ void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t hidden,
 }
 
 template <typename T>
+void rms_norm_heads(T* x, int64_t row_stride, const T* weight, int64_t rows, int64_t num_heads,
+                    int64_t head_dim, float eps) {
+#pragma omp parallel for if (rows >= kParallelRows)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < num_heads; ++h) {
+      T* head = x + r * row_stride + h * head_dim;
+      normalize_row(head, weight, head, head_dim, eps);  // reads each lane before writing it
+    }
+}
+
+template <typename T>
 void add_rms_norm(T* x, T* residual, const T* weight, int64_t rows, int64_t hidden, float eps) {
 #pragma omp parallel for if (rows >= kParallelRows)
   for (int64_t r = 0; r < rows; ++r) {
@@ -112,6 +123,7 @@ void store_kv(const T* key, const T* value, int64_t src_stride, T* key_cache, T*
 
 #define METERSERVE_INSTANTIATE(T)                                                             \
   template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, float);                 \
+  template void rms_norm_heads<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t, float);   \
   template void add_rms_norm<T>(T*, T*, const T*, int64_t, int64_t, float);                   \
   template void silu_and_mul<T>(const T*, T*, int64_t, int64_t);                              \
   template void rotary_inplace<T>(T*, int64_t, const int64_t*, const T*, const T*, int64_t,   \

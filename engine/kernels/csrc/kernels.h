@@ -118,6 +118,12 @@ void draw_whole(const T* logits, int64_t vocab, const int64_t* rows, int64_t num
 template <typename T>
 void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t hidden, float eps);
 
+// In place, each of the num_heads heads of head_dim elements from each row's start
+// (row_stride apart): head <- rms_norm(head) * weight (Qwen3's q and k norms).
+template <typename T>
+void rms_norm_heads(T* x, int64_t row_stride, const T* weight, int64_t rows, int64_t num_heads,
+                    int64_t head_dim, float eps);
+
 // residual <- residual + x; x <- rms_norm(residual) * weight. Both in place, per row.
 template <typename T>
 void add_rms_norm(T* x, T* residual, const T* weight, int64_t rows, int64_t hidden, float eps);
