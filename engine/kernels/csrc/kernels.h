@@ -34,7 +34,8 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
 
 // A mixture-of-experts layer's products in one call: group g = (expert, first_row, num_rows)
 // multiplies rows [first_row, first_row + num_rows) of x by expert `expert`'s weight,
-// out[r, n] = x[r, :] . weight_expert[n, :], each row exactly as amx_linear computes it. x is
+// out[r, n] = x[r, :] . weight_expert[n, :]: a group of more than 2 rows exactly as amx_linear
+// computes them, of 1-2 rows by the vector product (which may differ in the last bit). x is
 // [R + 32, K] (32 rows of padding after the last group's rows); packed is [E, ...] with each
 // expert in amx_linear's tile layout; the groups' rows are disjoint. All groups share one
 // parallel region, so the threads stream every expert's tiles back to back.
