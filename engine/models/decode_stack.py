@@ -11,7 +11,8 @@ using it or not changes no token.
 It applies only where every piece of such a step already runs on a native kernel: bfloat16,
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
 a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in AMX tiles or row-major
-(PackedLinear's small-batch path), no per-head q/k norm. Any other step, or model, takes the Python path.
+(PackedLinear's small-batch path); Qwen3's per-head q/k norms run on the same kernel as in
+the layer loop (rms_norm_heads). Any other step, or model, takes the Python path.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def build_decode_stack(model, kv_cache: KVCacheTensors, kernels) -> DecodeStack 
     norms, linears = [], []
     for layer in model.layers:
         norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        attention = layer.self_attn
+        if attention.q_norm is not None:  # Qwen3
+            norms += [attention.q_norm.weight, attention.k_norm.weight]
         linears += [_linear_spec(linear) for linear in _linears(layer)]
     norms.append(model.norm.weight)
     shape = model.shape
@@ -106,7 +110,7 @@ def _eligible(model, kernels) -> bool:
     if not model.shape.plain_llama:  # no sliding window, no Granite multipliers
         return False
     shape = model.shape
-    if kernels is None or model.dtype != torch.bfloat16 or shape.qk_norm:
+    if kernels is None or model.dtype != torch.bfloat16:
         return False
     if shape.moe_layers:  # the native layer's MLP is dense; a MoE layer routes per token
         return False

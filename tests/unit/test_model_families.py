@@ -109,6 +109,36 @@ def test_tiny_model_greedy_equals_hugging_face(
     assert llm.engine.num_free_blocks == llm.engine.kv_cache_info.num_usable_blocks
 
 
+def test_qwen3_decode_stack_equals_its_layer_loop(tmp_path: Path) -> None:
+    """bf16 with the kernels: Qwen3's q/k norms run inside the native decode stack on the same
+    kernel as in the layer loop, so the same greedy and seeded sampled requests give the same
+    tokens and the same logprobs, bit for bit, with the stack and with it detached."""
+    _build_model("qwen3", tmp_path)
+    llm = LLM(model=str(tmp_path), dtype="bfloat16", block_size=4, kv_cache_bytes=1 << 20)
+    model = llm.engine.runner.model
+    if model.decode_stack is None:
+        pytest.skip("no native decode stack on this machine")
+    params = [
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=7, temperature=0.9, seed=4, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=2),
+    ]
+    stack, steps = model.decode_stack, []
+    run = stack.run
+    stack.run = lambda *args: steps.append(args[0].shape[0]) or run(*args)
+    with_stack = llm.generate(_prompts()[:3], params)
+    assert {1, 2, 3} <= set(steps)  # decode steps of 3, 2 and 1 rows ran in the stack
+    model.decode_stack = None
+    try:
+        without = llm.generate(_prompts()[:3], params)
+    finally:
+        model.decode_stack = stack
+    for ours, loop in zip(with_stack, without, strict=True):
+        assert ours.token_ids == loop.token_ids
+        assert [lp.logprob for lp in ours.logprobs] == [lp.logprob for lp in loop.logprobs]
+    assert [len(o.token_ids) for o in with_stack] == [9, 7, 5]
+
+
 def test_reference_backend_matches_too(tmp_path: Path) -> None:
     model = _build_model("qwen2", tmp_path)
     prompts = _prompts()

@@ -63,6 +63,11 @@ void attend_and_mix(const DecodeLayer& layer, const DecodeStackShape& s, const D
   const int64_t rows = step.rows, width = s.qkv_width();
   const int64_t q_size = s.num_heads * s.head_dim, kv_size = s.num_kv_heads * s.head_dim;
   linear(hidden, layer.qkv, a.qkv.data(), rows);
+  if (layer.q_norm) {  // Qwen3: each q and k head normalized in place before RoPE
+    rms_norm_heads(a.qkv.data(), width, layer.q_norm, rows, s.num_heads, s.head_dim, s.eps);
+    rms_norm_heads(a.qkv.data() + q_size, width, layer.k_norm, rows, s.num_kv_heads, s.head_dim,
+                   s.eps);
+  }
   // q and k are adjacent in each qkv row: rotated together, as Attention.forward does.
   rotary_inplace(a.qkv.data(), width, step.positions, s.cos, s.sin, rows,
                  s.num_heads + s.num_kv_heads, s.head_dim);

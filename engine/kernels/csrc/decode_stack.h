@@ -28,6 +28,8 @@ struct SmallLinear {
 struct DecodeLayer {
   const bf16* input_norm;
   const bf16* post_attention_norm;
+  const bf16* q_norm = nullptr;  // [head_dim] each: Qwen3's per-head norms, else nullptr
+  const bf16* k_norm = nullptr;
   SmallLinear qkv, o, gate_up, down;
   bf16* key_cache;  // [slots, num_kv_heads, head_dim]
   bf16* value_cache;

@@ -32,8 +32,12 @@ class DecodeStack {
     const int64_t num_layers = static_cast<int64_t>(key_caches.size());
     TORCH_CHECK(num_layers >= 1 && value_caches.size() == key_caches.size(),
                 "DecodeStack: one key and one value cache per layer");
-    TORCH_CHECK(norms.size() == 2 * key_caches.size() + 1,
-                "DecodeStack: two norms per layer and the final norm");
+    // Two norms a layer (input, post-attention), four with Qwen3's q and k norms, then the
+    // final norm.
+    const int64_t per_layer = (static_cast<int64_t>(norms.size()) - 1) / num_layers;
+    TORCH_CHECK((per_layer == 2 || per_layer == 4) &&
+                    static_cast<int64_t>(norms.size()) == per_layer * num_layers + 1,
+                "DecodeStack: two norms per layer (four with q/k norms) and the final norm");
     TORCH_CHECK(linears.size() == 4 * key_caches.size(),
                 "DecodeStack: four linears per layer (qkv, o, gate_up, down)");
     TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.is_contiguous() &&
@@ -49,15 +53,22 @@ class DecodeStack {
                               float(eps), float(scale), data<bf16>(cos), data<bf16>(sin)};
     max_positions_ = cos.size(0);
     num_slots_ = key_caches[0].size(0);
-    for (const auto& norm : norms) keep_vector(norm, hidden, "norm weight");
+    for (int64_t i = 0; i < num_layers; ++i)
+      for (int64_t j = 0; j < per_layer; ++j)
+        keep_vector(norms[per_layer * i + j], j < 2 ? hidden : head_dim, "norm weight");
+    keep_vector(norms.back(), hidden, "final norm weight");
     keep(cos);
     keep(sin);
     final_norm_ = data<bf16>(norms.back());
     const int64_t q_size = num_heads * head_dim;
     for (int64_t i = 0; i < num_layers; ++i) {
       DecodeLayer layer{};
-      layer.input_norm = data<bf16>(norms[2 * i]);
-      layer.post_attention_norm = data<bf16>(norms[2 * i + 1]);
+      layer.input_norm = data<bf16>(norms[per_layer * i]);
+      layer.post_attention_norm = data<bf16>(norms[per_layer * i + 1]);
+      if (per_layer == 4) {
+        layer.q_norm = data<bf16>(norms[per_layer * i + 2]);
+        layer.k_norm = data<bf16>(norms[per_layer * i + 3]);
+      }
       layer.qkv = linear(linears[4 * i], shape_.qkv_width(), hidden);
       layer.o = linear(linears[4 * i + 1], hidden, q_size);
       layer.gate_up = linear(linears[4 * i + 2], 2 * inter, hidden);
