@@ -76,9 +76,9 @@ def test_bf16_logprobs_as_close_to_the_oracle_as_hf_bf16(gguf_files, arch: str) 
     llm = LLM(model=str(path), dtype="bfloat16", block_size=4, kv_cache_bytes=1 << 20)
     runner = llm.engine.runner
     assert runner.num_gguf_matvec_layers == 4 * runner.shape.num_layers + 1
-    # The native decode stack reads GGUF blocks too; Qwen2's biases and Qwen3's q/k norm are
-    # not in its layer.
-    assert (runner.model.decode_stack is not None) == (arch == "llama")
+    # The native decode stack reads GGUF blocks too, and runs Qwen3's q/k norms; Qwen2's
+    # biases are not in its layer.
+    assert (runner.model.decode_stack is not None) == (arch != "qwen2")
     greedy = SamplingParams(max_tokens=12, temperature=0.0, logprobs=0)
     hf_bf16 = copy.deepcopy(oracle).to(torch.bfloat16)
     for prompt, output in zip(prompts(), llm.generate(prompts(), greedy), strict=True):
