@@ -47,6 +47,16 @@ inline void check_tiles(const torch::Tensor& packed, int64_t K, const char* what
   TORCH_CHECK(packed.size(1) * 32 == K, what, ": K of x and weight differ");
 }
 
+// A mixture-of-experts layer's weights [E, N / 16, K / 32, 16, 16, 2]: each expert in
+// amx_pack_weight's tile layout, for x of K columns.
+inline void check_expert_tiles(const torch::Tensor& experts, int64_t K, const char* what) {
+  TORCH_CHECK(experts.dim() == 6 && experts.scalar_type() == torch::kBFloat16 &&
+                  experts.is_contiguous() && experts.size(3) == 16 && experts.size(4) == 16 &&
+                  experts.size(5) == 2,
+              what, ": experts must be [E, ...] of amx_pack_weight layouts");
+  TORCH_CHECK(experts.size(2) * 32 == K, what, ": K of x and weight differ");
+}
+
 // Calls fn.template operator()<T>() with T = float or bf16 from the tensor's dtype.
 template <typename Fn>
 void dispatch(const torch::Tensor& t, Fn&& fn) {

@@ -78,15 +78,11 @@ torch::Tensor amx_grouped_linear_op(const torch::Tensor& x, const torch::Tensor&
   TORCH_CHECK(amx_available(), "AMX is not available to this process");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be contiguous bfloat16 [R, K]");
-  TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == torch::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(3) == 16 && packed.size(4) == 16 &&
-                  packed.size(5) == 2,
-              "packed must be [E, ...] of amx_pack_weight layouts");
   TORCH_CHECK(groups.dim() == 2 && groups.size(1) == 3 && groups.scalar_type() == torch::kInt64 &&
                   groups.is_contiguous(),
               "groups must be int64 [G, 3]: (expert, first_row, num_rows)");
+  check_expert_tiles(packed, x.size(1), "amx_grouped_linear");
   const int64_t K = x.size(1), N = packed.size(1) * 16, E = packed.size(0);
-  TORCH_CHECK(packed.size(2) * 32 == K, "amx_grouped_linear: K of x and weight differ");
   const int64_t rows = x.size(0) - 32;
   TORCH_CHECK(rows >= 0, "x needs 32 rows of padding after its last row");
   const int64_t* g = data<int64_t>(groups);

@@ -6,16 +6,6 @@
 namespace meterserve {
 namespace {
 
-// One layer's experts [E, N / 16, K / 32, 16, 16, 2] (amx_pack_weight per expert).
-void check_expert_tiles(const torch::Tensor& t, int64_t E, int64_t N, int64_t K,
-                        const char* name) {
-  TORCH_CHECK(t.dim() == 6 && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() &&
-                  t.size(0) == E && t.size(1) * 16 == N && t.size(2) * 32 == K &&
-                  t.size(3) == 16 && t.size(4) == 16 && t.size(5) == 2,
-              "moe_experts: ", name, " must be [", E, "] experts of amx_pack_weight([", N, ", ",
-              K, "])");
-}
-
 // (out [T, H], experts run). weights float32 or bfloat16 [T, k]: bfloat16 weights round each
 // weighted product to bfloat16 (see kernels.h).
 std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
@@ -30,10 +20,11 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   TORCH_CHECK(picks.dim() == 2 && picks.size(0) == tokens && picks.scalar_type() == torch::kInt64,
               "picks must be int64 [T, k]");
   TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
-  TORCH_CHECK(gate_up.dim() == 6 && down.dim() == 6, "experts must be [E, ...] tile layouts");
-  const int64_t E = gate_up.size(0), inter = down.size(2) * 32, k = picks.size(1);
-  check_expert_tiles(gate_up, E, 2 * inter, hidden, "gate_up");
-  check_expert_tiles(down, E, hidden, inter, "down");
+  check_expert_tiles(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
+  const int64_t E = gate_up.size(0), inter = gate_up.size(1) * 8, k = picks.size(1);
+  check_expert_tiles(down, inter, "moe_experts down");
+  TORCH_CHECK(down.size(0) == E && down.size(1) * 16 == hidden,
+              "moe_experts: down must be [", E, "] experts of [", hidden, ", ", inter, "]");
   const torch::Tensor pick_ids = picks.contiguous();
   const int64_t pairs = tokens * k;
   check_indices(data<int64_t>(pick_ids), pairs, E, "expert");
