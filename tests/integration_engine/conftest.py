@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_equivalence import MAX_NEW_TOKENS, Reference, build_prompts, hf_greedy
+from engine_equivalence import MAX_NEW_TOKENS, Reference, build_prompts, hf_greedy_references
 
 from engine.loader import hf_checkpoint_dir
 
@@ -39,12 +39,12 @@ def hf_references(real_model_dir: Path, real_tokenizer, prompts) -> list[Referen
 
     model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
     eos = real_tokenizer.eos_token_id
-    # Batch-1 decoding is memory-bound: one thread costs little on an idle machine and avoids
-    # OpenMP spin-waiting blowing the fixture up (measured 5x) when the cores are shared.
+    # One thread: it costs little on an idle machine and avoids OpenMP spin-waiting blowing
+    # the fixture up (measured 5x on batch-1 decoding) when the cores are shared.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():
-            return [hf_greedy(model, prompt, MAX_NEW_TOKENS, eos) for prompt in prompts]
+            return hf_greedy_references(model, prompts, MAX_NEW_TOKENS, eos)
     finally:
         torch.set_num_threads(threads)
