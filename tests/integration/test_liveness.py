@@ -1,6 +1,6 @@
 """Liveness: each fault injected, then what /health, /debug/engine and pending requests say.
 
-Real servers over real HTTP: a wedged step (--debug-hang-token-id sleeps 30 s inside the model
+Real servers over real HTTP: a wedged step (--debug-hang-token-id sleeps 15 s inside the model
 runner) turns /health 503 `engine_stalled` and /debug/engine 503 until it clears; a crashed
 engine thread (--debug-crash-token-id raises past every handler) fails the pending requests
 and the process exits 1. In-process, with a fake engine thread: a thread that ends silently
@@ -62,7 +62,7 @@ def wedge_server(server_logs: Path) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def crash_server(server_logs: Path) -> Iterator[ServerProcess]:
     """The crash test's server, launched without waiting for it: the wedged-step test asks
-    for it too, so that its model loads while the wedged step sleeps (its idle ~30 s)."""
+    for it too, so that its model loads while the wedged step sleeps (its idle ~15 s)."""
     server = ServerProcess("crash", ["--debug-crash-token-id", str(CRASH_TOKEN_ID)], server_logs)
     try:
         yield server
