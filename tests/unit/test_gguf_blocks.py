@@ -101,6 +101,22 @@ def test_gguf_linear_every_small_row_count_and_a_ragged_shape(rows) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("rows", [1, 9, 64])
+def test_k_quant_rows_of_six_super_blocks(name, rows) -> None:
+    """Q4_K and Q5_K unpack their scales four super-blocks at a time (gguf_blocks.h's
+    k_params4), the rest one at a time: rows of 6 take both (COLS above gives 2)."""
+    kind = int(GGMLQuantizationType[name])
+    blocks = make_blocks(kind, 40, 1536, seed=rows)
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 1536, dtype=torch.bfloat16)
+    want = reference(x, kind, blocks)
+    for use_amx in large_batch_paths():
+        got = kernels.gguf_linear(x, blocks, kind, 40, use_amx=use_amx)
+        torch.testing.assert_close(got, want, **BF16_TOLERANCE)
+
+
+@needs_kernels
 def test_gguf_linear_rejects_what_it_cannot_read() -> None:
     x = torch.randn(1, 256, dtype=torch.bfloat16)
     q4_k = int(GGMLQuantizationType.Q4_K)
