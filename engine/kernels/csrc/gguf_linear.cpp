@@ -217,11 +217,11 @@ void rounded_row(const uint8_t* row, const float* scale, const float* min,
 // walks its rows in order, and at 1-8 rows the arithmetic per byte is small, so without it a
 // thread waits on DRAM between rows (measured on a 2-core AMX Xeon, 58 MB of Q4_1 blocks, one
 // row: 8.9-9.4 GB/s without, 12-14.5 GB/s with 2-3 KB ahead into L1; nearer helped less, 6 KB
-// no more). Two stages: into L2 kL2PrefetchBytes ahead, then into L1 kPrefetchBytes ahead (the
-// 1.5B's 24 layers, one row, alternated with L1 alone: Q4_K 1.05-1.3x, Q4_1 1.25-1.35x, Q6_K
-// 1.05-1.2x faster; 4-12 KB ahead measured alike, 24 KB less). Not for Q8_0, which streams
-// near the machine's bandwidth with L1 alone (0.86-0.95x with both). Each row fetches one
-// row's worth, so the distances stay constant.
+// no more). Two stages: into L2 kL2PrefetchBytes ahead, then into L1 kPrefetchBytes ahead (12
+// of the 1.5B's layers from memory, one row, alternated with L1 alone: Q4_K 1.10-1.24x, Q4_1
+// 1.13-1.21x, Q6_K 1.03-1.08x; 4-12 KB ahead measured alike, 24 KB less). Not for Q8_0, which
+// streams near the machine's bandwidth with L1 alone (0.86-0.95x with both). Each row fetches
+// one row's worth, so the distances stay constant.
 constexpr int64_t kPrefetchBytes = 2048;
 constexpr int64_t kL2PrefetchBytes = 4096;
 
@@ -246,9 +246,9 @@ void small_row(const Activations& a, const GgufWeight& w, const bf16* bias, bf16
 
 // Each thread takes a contiguous share of the weight rows and walks kStreams parts of it side
 // by side, a row of each in turn: one sequential stream per thread left DRAM bandwidth unused
-// (tile_matvec.cpp found the same for bf16). The 1.5B's 24 layers from memory, one row,
-// against one stream: Q4_K 1.2-1.27x, Q4_1 1.1-1.17x, Q6_K 1.0-1.1x, Q8_0 1.16-1.3x; 2, 3
-// and 4 streams measured alike.
+// (tile_matvec.cpp found the same for bf16). 12 of the 1.5B's layers from memory, one row:
+// two streams against one, alternated, Q4_K 1.12-1.17x, the other formats 0.97-1.19x; four
+// streams 1.02-1.27x in one sweep; 2, 3 and 4 streams measured alike.
 constexpr int64_t kStreams = 4;
 
 template <class F, int M>
