@@ -38,23 +38,25 @@ inline const bf16* bias_data(const c10::optional<torch::Tensor>& bias, int64_t N
   return data<bf16>(*bias);
 }
 
-// A weight in amx_pack_weight's tile layout [N / 16, K / 32, 16, 16, 2] for x of K columns.
+// `lead` leading dimensions, then amx_pack_weight's tile layout [N / 16, K / 32, 16, 16, 2] for
+// x of K columns; `layout` says what the caller expects when the layout is wrong.
+inline void check_tile_layout(const torch::Tensor& t, int64_t lead, int64_t K, const char* what,
+                              const char* layout) {
+  TORCH_CHECK(t.dim() == lead + 5 && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() &&
+                  t.size(lead + 2) == 16 && t.size(lead + 3) == 16 && t.size(lead + 4) == 2,
+              what, ": ", layout);
+  TORCH_CHECK(t.size(lead + 1) * 32 == K, what, ": K of x and weight differ");
+}
+
+// A weight in amx_pack_weight's tile layout for x of K columns.
 inline void check_tiles(const torch::Tensor& packed, int64_t K, const char* what) {
-  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == torch::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(2) == 16 && packed.size(3) == 16 &&
-                  packed.size(4) == 2,
-              what, ": packed must come from amx_pack_weight");
-  TORCH_CHECK(packed.size(1) * 32 == K, what, ": K of x and weight differ");
+  check_tile_layout(packed, 0, K, what, "packed must come from amx_pack_weight");
 }
 
 // A mixture-of-experts layer's weights [E, N / 16, K / 32, 16, 16, 2]: each expert in
 // amx_pack_weight's tile layout, for x of K columns.
 inline void check_expert_tiles(const torch::Tensor& experts, int64_t K, const char* what) {
-  TORCH_CHECK(experts.dim() == 6 && experts.scalar_type() == torch::kBFloat16 &&
-                  experts.is_contiguous() && experts.size(3) == 16 && experts.size(4) == 16 &&
-                  experts.size(5) == 2,
-              what, ": experts must be [E, ...] of amx_pack_weight layouts");
-  TORCH_CHECK(experts.size(2) * 32 == K, what, ": K of x and weight differ");
+  check_tile_layout(experts, 1, K, what, "experts must be [E, ...] of amx_pack_weight layouts");
 }
 
 // Calls fn.template operator()<T>() with T = float or bf16 from the tensor's dtype.
