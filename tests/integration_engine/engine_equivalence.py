@@ -138,7 +138,9 @@ def hf_greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_to
         if eos_token_id in token_ids:  # a finished row goes on with padding
             token_ids = token_ids[: token_ids.index(eos_token_id) + 1]
         logits = torch.stack([step[row] for step in out.logits[: len(token_ids)]])
-        results.append((token_ids, logits.to(model.dtype)))
+        kept = logits.to(model.dtype)  # float32 copies of the model's logits: exact
+        assert torch.equal(kept.float(), logits.float())
+        results.append((token_ids, kept))
     return results
 
 
