@@ -87,10 +87,12 @@ def test_gguf_linear_matches_its_reference(kind, rows) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("name", ["Q6_K", "Q4_K"])
 @pytest.mark.parametrize("rows", [2, 3, 4, 6, 7, 8, 33])
-def test_gguf_linear_every_small_row_count_and_a_ragged_shape(rows) -> None:
-    """N not a multiple of the panels (32 rows on AMX, 16 without) and M not of 32; bias."""
-    kind = int(GGMLQuantizationType.Q6_K)
+def test_gguf_linear_every_small_row_count_and_a_ragged_shape(name, rows) -> None:
+    """N not a multiple of the panels (32 rows on AMX, 16 without) and M not of 32; bias.
+    Q4_K: the AMX tiles stage its sub-blocks two at a time (gguf::bf16_weight_pair)."""
+    kind = int(GGMLQuantizationType[name])
     blocks = make_blocks(kind, 45, 256, seed=rows)
     torch.manual_seed(rows)
     x, bias = torch.randn(rows, 256, dtype=torch.bfloat16), torch.randn(45, dtype=torch.bfloat16)
