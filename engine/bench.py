@@ -135,6 +135,7 @@ def make_llm(args) -> LLM:
         dtype=args.dtype,
         max_num_seqs=max(args.num_requests, 1),
         max_num_batched_tokens=args.max_num_batched_tokens,
+        keep_freed_memory=True,  # as `meterserve serve` runs (engine/freed_memory.py)
     )
     return LLM(config)
 

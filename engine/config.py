@@ -53,6 +53,10 @@ class EngineConfig:
     # one arithmetic per row on every path, at a cost in speed; False = the fastest kernels.
     batch_invariant: bool = False
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    # Once loaded, keep freed memory in malloc for the next step's tensors instead of faulting
+    # in fresh pages (engine/freed_memory.py; process-wide). On for `meterserve serve` and
+    # `bench`; off for a library caller, whose process may want its memory back.
+    keep_freed_memory: bool = False
     # N-gram speculative decoding (vLLM's --speculative-config); None = one token per pass.
     speculative: SpeculativeConfig | None = None
     # Testing aids for fault handling, each None (the default) = off. A step whose chunks

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.freed_memory import keep_freed_memory
 from engine.kv_budget import choose_num_blocks, request_token_capacity
 from engine.loader import load_checkpoint
 from engine.meter.config import MeterConfig
@@ -71,6 +72,8 @@ class EngineCore:
             config.block_size, num_blocks, bytes_per_block, num_reserved
         )
         self.runner.allocate_kv_cache(num_blocks)
+        if config.keep_freed_memory:  # after loading, so what loading freed is not kept
+            keep_freed_memory()
         self.kv_cache = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, self.sliding_window
         )

@@ -112,6 +112,7 @@ class Settings:
             engine = EngineConfig(
                 **{name: getattr(ns, name) for name in _ENGINE_FIELDS},
                 speculative=_speculative(ns.speculative_config),
+                keep_freed_memory=True,  # a server's steps reuse memory (engine/freed_memory.py)
             )
             meter_kwargs = {
                 target: getattr(ns, dest)
