@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(argv: Sequence[str]) -> int:
+    from engine.freed_memory import share_one_arena
+
+    share_one_arena()  # before any thread starts: the engine thread's steps reuse freed memory
     import uvicorn
 
     from server.app import create_app

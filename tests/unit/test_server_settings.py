@@ -18,6 +18,7 @@ def test_defaults():
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
     assert settings.api_keys == ()
     assert settings.engine.model == "default" and settings.engine.enable_prefix_caching
+    assert settings.engine.keep_freed_memory  # a server's steps reuse freed memory
     assert settings.meter == MeterConfig()
 
 
