@@ -44,8 +44,9 @@ def keep_freed_memory() -> bool:
     M_MMAP_MAX = 0, M_TRIM_THRESHOLD at its maximum). True if applied; False on another C
     library, where nothing is changed."""
     mallopt = _glibc_mallopt()
-    applied = mallopt is not None
-    applied = applied and mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_NEVER) == 1
+    if mallopt is None:
+        return False
+    applied = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_NEVER) == 1
     log.debug("malloc keeps freed memory for reuse: %s", applied)
     return applied
 

@@ -24,7 +24,7 @@
 // are decoded in pieces between the current ones' tile products (over_staged_sub_blocks), and
 // Q4_K's sub-blocks two at a time (gguf::bf16_weight_pair). 1.5B-shaped Q4_K, 12 layers from
 // memory, 2-core AMX Xeon: 32 rows 47.3-48.5 ms -> 40.9-44.1, 64 rows 1.10-1.12x, 9 rows
-// 1.03-1.08x; Q6_K and Q4_1 unchanged within noise (their decoding, not the overlap, bounds
+// 1.04-1.08x; Q6_K and Q4_1 unchanged within noise (their decoding, not the overlap, bounds
 // them).
 // Per row the sums are those of the AMX panels (gguf_panel.cpp), which also accumulate
 // tdpbf16ps over k tiles in order: a row's result does not depend on the other rows.
