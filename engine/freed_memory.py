@@ -5,8 +5,8 @@ with a fresh mmap and unmaps it on free. A prefill step allocates and frees seve
 tensors a layer (a 2,048-token step of a 1.5B model: 8-59 MB each), so every step asked the
 kernel for new pages, which it zeroes on first touch. Measured on a 2-core AMX Xeon, the random
 1.5B bf16 Llama, 64 prompts of 128 tokens (four 2,048-token prefill steps): 1.16 M page faults
-during the prefill steps (≈ 4.7 GB zeroed; perf put 10 % of the run in the kernel's
-clear_page); kept, 134 faults and the prefill steps 1.10-1.25× faster (14.8 / 15.5 s against
+during the prefill steps (≈ 4.7 GB zeroed; perf, the model's load included, put 10 % of
+the run in the kernel's clear_page); kept, 134 faults and the prefill steps 1.10-1.25× faster (14.8 / 15.5 s against
 18.5 / 17.1 s); peak resident memory unchanged (+ 0.05 GB), at rest + 0.5 GB (the largest
 step's working set stays). vLLM's CPU server gets the same from tcmalloc, which its docs have
 users preload.
