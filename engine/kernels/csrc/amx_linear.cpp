@@ -40,9 +40,7 @@ constexpr int64_t kTileElements = kTileRows * kTileDepth;
 constexpr int64_t kPrefetchTiles = 16;
 
 inline void prefetch_tile(const bf16* tile) {
-  const char* bytes = reinterpret_cast<const char*>(tile);
-  for (int line = 0; line < kTileElements * 2 / 64; ++line)
-    _mm_prefetch(bytes + line * 64, _MM_HINT_T1);
+  prefetch_lines_l2(tile, kTileElements * sizeof(bf16));
 }
 
 }  // namespace

@@ -211,8 +211,11 @@ struct Q4_K {
     return shift_bytes(load32(b + 16 + 32 * (s / 2)), 4 * (s % 2), 0x0F);
   }
   static __m512i words(const uint8_t* b, int s) {
-    return shift_words(widen32(b + 16 + 32 * (s / 2)), 4 * (s % 2));
+    return shift_words(pair_bytes(b, s & ~1), 4 * (s % 2));
   }
+  // The 32 bytes, widened to words, whose low nibbles are sub-block s (even) and whose high
+  // nibbles are sub-block s + 1.
+  static __m512i pair_bytes(const uint8_t* b, int s) { return widen32(b + 16 + 16 * s); }
 };
 
 // Q5_K: bit s of qh[l] (bytes 16-47) is the fifth bit of element l of sub-block s.
@@ -359,15 +362,18 @@ inline void codes_f32(__m256i codes, __m512& lo, __m512& hi) {
 template <class F>
 constexpr bool kLookup = F::kGroup == 32 && !F::kSigned && F::kCodeBits <= 5;
 
+// The weights of codes first .. first + 15 under one scale and min: scale * code + min.
+inline __m512 code_weights(float scale, float min, float first) {
+  const __m512 codes = _mm512_add_ps(
+      _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(first));
+  return _mm512_fmadd_ps(_mm512_set1_ps(scale), codes, _mm512_set1_ps(min));
+}
+
 template <class F>
 inline __m512bh looked_up_weights(const uint8_t* row, int64_t b, const float* scale,
                                   const float* min) {
-  const __m512 d = _mm512_set1_ps(scale[b]), m = _mm512_set1_ps(min[b]);
-  const __m512 codes_lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512 lo = _mm512_fmadd_ps(d, codes_lo, m);
-  const __m512 hi = F::kCodeBits > 4
-                        ? _mm512_fmadd_ps(d, _mm512_add_ps(codes_lo, _mm512_set1_ps(16)), m)
-                        : lo;
+  const __m512 lo = code_weights(scale[b], min[b], 0);
+  const __m512 hi = F::kCodeBits > 4 ? code_weights(scale[b], min[b], 16) : lo;
   const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // words: weight of code i
   const __m512i codes = _mm512_and_si512(
       F::words(row + (b / kSubs<F>) * F::kBytes, static_cast<int>(b % kSubs<F>)),
@@ -402,14 +408,11 @@ template <class F>
 inline void bf16_weight_pair(const uint8_t* row, int64_t b, const float* scale,
                              const float* min, __m512bh& even, __m512bh& odd) {
   if constexpr (kNibblePairs<F>) {
-    const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 lo = _mm512_fmadd_ps(_mm512_set1_ps(scale[b]), codes, _mm512_set1_ps(min[b]));
-    const __m512 hi =
-        _mm512_fmadd_ps(_mm512_set1_ps(scale[b + 1]), codes, _mm512_set1_ps(min[b + 1]));
+    const __m512 lo = code_weights(scale[b], min[b], 0);
+    const __m512 hi = code_weights(scale[b + 1], min[b + 1], 0);
     const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    // Q4_K::words's bytes: sub-block b (even) is their low nibbles, b + 1 their high ones.
-    const uint8_t* qs = row + (b / kSubs<F>) * F::kBytes + 16 + 16 * (b % kSubs<F>);
-    const __m512i words = widen32(qs);
+    const __m512i words =
+        F::pair_bytes(row + (b / kSubs<F>) * F::kBytes, static_cast<int>(b % kSubs<F>));
     const __m512i low = _mm512_and_si512(words, _mm512_set1_epi16(0x0F));
     const __m512i high = _mm512_or_si512(_mm512_srli_epi16(words, 4), _mm512_set1_epi16(0x10));
     even = (__m512bh)_mm512_permutexvar_epi16(low, table);

@@ -261,9 +261,10 @@ void small_rows(const Activations& a, const GgufWeight& w, const bf16* bias, bf1
     const int64_t begin = w.N * t / threads, end = w.N * (t + 1) / threads;
     const int64_t part = (end - begin + kStreams - 1) / kStreams;
     for (int64_t i = 0; i < part; ++i)
-      for (int64_t s = 0; s < kStreams; ++s)
-        if (begin + s * part + i < end)
-          small_row<F, M>(a, w, bias, out, begin + s * part + i, scale.data(), min.data());
+      for (int64_t s = 0; s < kStreams; ++s) {
+        const int64_t n = begin + s * part + i;
+        if (n < end) small_row<F, M>(a, w, bias, out, n, scale.data(), min.data());
+      }
   }
 }
 

@@ -13,18 +13,22 @@ namespace meterserve {
 
 constexpr int kVecLanes = 16;
 
-// Every cache line of [p, p + bytes) into L1 ahead of use (a hint: past a tensor's end it is
-// harmless, nothing faults). The GGUF kernels fetch blocks a thread will read next.
-inline void prefetch_lines(const void* p, int64_t bytes) {
+// Every cache line of [p, p + bytes) into the cache level `hint` names (a hint: past a
+// tensor's end it is harmless, nothing faults).
+template <int hint>
+inline void prefetch_range(const void* p, int64_t bytes) {
   const char* start = static_cast<const char*>(p);
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(start + line, _MM_HINT_T0);
+  for (int64_t line = 0; line < bytes; line += 64)
+    _mm_prefetch(start + line, static_cast<decltype(_MM_HINT_T0)>(hint));
 }
 
-// The same into L2 only: further ahead, where L2's larger count of outstanding misses lets a
-// thread keep more of DRAM's latency in flight than L1's fill buffers do.
+// Into L1 ahead of use: the GGUF kernels fetch blocks a thread will read next.
+inline void prefetch_lines(const void* p, int64_t bytes) { prefetch_range<_MM_HINT_T0>(p, bytes); }
+
+// Into L2 only: further ahead, where L2's larger count of outstanding misses lets a thread keep
+// more of DRAM's latency in flight than L1's fill buffers do.
 inline void prefetch_lines_l2(const void* p, int64_t bytes) {
-  const char* start = static_cast<const char*>(p);
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(start + line, _MM_HINT_T1);
+  prefetch_range<_MM_HINT_T1>(p, bytes);
 }
 
 inline __mmask16 lanes(int64_t count) {
