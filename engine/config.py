@@ -37,8 +37,9 @@ class EngineConfig:
     # With gguf_matvec: "bf16" also keeps each GGUF linear dequantized to bf16 for passes of
     # more than 4 rows, 64 on an AMX CPU (batched decode, prefill); "blocks" serves every pass
     # from the blocks, one copy of the weights; "auto" (the default) is blocks on an AMX CPU,
-    # where the tiles and panels run level with the copy (docs/benchmarks.md), and bf16
-    # elsewhere, where the AVX512-BF16 panels are slower than the copy's matmuls.
+    # where the tiles and panels run level with the copy (docs/benchmarks.md); elsewhere,
+    # where the AVX512-BF16 panels are slower than the copy's matmuls, bf16 while the copy
+    # takes at most half the available memory (model_runner.BF16_COPY_MEMORY_SHARE), else blocks.
     gguf_large_batch: Literal["auto", "bf16", "blocks"] = "auto"
     # "int8": every bf16 linear but the LM head is quantized at load to int8 per output channel
     # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:

@@ -23,6 +23,7 @@ from engine.draft_verification import sample_row_chunks, verify
 from engine.forward_batch import build_lists, to_tensors
 from engine.int8_calibration import input_maxima
 from engine.kernels import load_avx2_kernels, load_cpu_kernels
+from engine.kv_budget import available_memory_bytes
 from engine.loader import LoadedCheckpoint, ModelLoadError
 from engine.meter.cost_model import LOGIT_ROWS_PER_PASS, WeightBytes
 from engine.models import MODEL_FAMILIES
@@ -161,7 +162,7 @@ class ModelRunner:
         )
         # int4 is for the bytes: its layers keep no bf16 copy for large batches.
         large_batch_bf16 = (
-            _wants_bf16_copy(config.gguf_large_batch, gguf_kernels)
+            _wants_bf16_copy(config.gguf_large_batch, gguf_kernels, _bf16_copy_bytes(self.model))
             and self.quantization != "int4"
             and not self.batch_invariant  # the copy rounds the weights
         )
@@ -387,9 +388,37 @@ class ModelRunner:
             raise InjectedFault(f"injected fault: a chunk contains token id {fault}")
 
 
-def _wants_bf16_copy(gguf_large_batch: str, kernels) -> bool:
+# "auto" keeps a GGUF model's bf16 copy (without AMX) only while it takes at most this share of
+# the memory still available: the rest is for the KV budget (a fraction of what is left) and a
+# step's working memory. A 7B Q4_K_M (a 13.5 GB copy) on a 24 GiB machine reads its blocks.
+BF16_COPY_MEMORY_SHARE = 0.5
+
+
+def _wants_bf16_copy(
+    gguf_large_batch: str, kernels, copy_bytes: int = 0, available: int | None = None
+) -> bool:
     """EngineConfig.gguf_large_batch: "auto" keeps a bf16 copy only where the GGUF panels have
-    no AMX tiles to run on."""
+    no AMX tiles to run on, and only when the copy (copy_bytes) fits in
+    BF16_COPY_MEMORY_SHARE of the available memory (kv_budget.available_memory_bytes)."""
     if gguf_large_batch == "auto":
-        return not (kernels is not None and kernels.amx_available())
+        if kernels is not None and kernels.amx_available():
+            return False
+        available = available_memory_bytes() if available is None else available
+        fits = copy_bytes <= BF16_COPY_MEMORY_SHARE * available
+        if copy_bytes and not fits:
+            log.info(
+                "GGUF large batches read the blocks: a bf16 copy (%.2f GB) would take more than "
+                "%.0f%% of the %.2f GB available (--gguf-large-batch bf16 keeps one anyway)",
+                copy_bytes / 1e9,
+                100 * BF16_COPY_MEMORY_SHARE,
+                available / 1e9,
+            )
+        return fits
     return gguf_large_batch == "bf16"
+
+
+def _bf16_copy_bytes(model: torch.nn.Module) -> int:
+    """Bytes a bf16 copy of every GGUFLinear's weight would take."""
+    return sum(
+        2 * m.in_features * m.out_features for m in model.modules() if isinstance(m, GGUFLinear)
+    )

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="GGUF models, passes of more than 4 rows (64 on an AMX CPU): bf16 keeps a bf16 copy "
         "of the weights for them; blocks reads the file's blocks (one copy in memory); auto: "
-        "blocks on an AMX CPU (as fast there), bf16 elsewhere (faster there)",
+        "blocks on an AMX CPU (as fast there); elsewhere bf16 (faster there) while the copy "
+        "fits in half the available memory, else blocks",
     )
     p.add_argument(
         "--quantization",

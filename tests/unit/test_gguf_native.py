@@ -151,3 +151,26 @@ def test_auto_keeps_a_bf16_copy_only_without_amx(amx) -> None:
     assert _wants_bf16_copy("auto", None) is True  # no kernels: plain layers, nothing to read
     assert _wants_bf16_copy("bf16", Kernels()) is True
     assert _wants_bf16_copy("blocks", Kernels()) is False
+    # Without AMX, auto keeps the copy only while it fits in half the available memory.
+    gib = 2**30
+    assert _wants_bf16_copy("auto", Kernels(), copy_bytes=4 * gib, available=8 * gib) is not amx
+    assert _wants_bf16_copy("auto", Kernels(), copy_bytes=5 * gib, available=8 * gib) is False
+    assert _wants_bf16_copy("bf16", Kernels(), copy_bytes=5 * gib, available=8 * gib) is True
+
+
+def test_auto_reads_the_blocks_when_a_copy_would_not_fit(gguf_files, kernels, monkeypatch) -> None:
+    """A runner with gguf_large_batch "auto" sizes the copy from its own GGUF layers."""
+    from engine import model_runner
+
+    path, _ = gguf_files["qwen2"]
+    checkpoint = load_checkpoint(str(path))
+    config = EngineConfig(model=str(path), dtype="bfloat16")
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 2**40)
+    roomy = ModelRunner(config, checkpoint, 64)
+    linears = [m for m in roomy.model.modules() if isinstance(m, GGUFLinear)]
+    copy_bytes = sum(2 * m.in_features * m.out_features for m in linears)
+    assert model_runner._bf16_copy_bytes(roomy.model) == copy_bytes
+    assert all((m.large is not None) is not kernels.amx_available() for m in linears)
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: copy_bytes)
+    tight = ModelRunner(config, checkpoint, 64)
+    assert all(m.large is None for m in tight.model.modules() if isinstance(m, GGUFLinear))
