@@ -101,6 +101,27 @@ inline void transpose_16x16(__m512 r[16]) {
   }
 }
 
+// r[i] = the sum of a[i]'s 16 lanes, for 16 vectors at once: adjacent vectors' lanes are
+// interleaved and added (unpack), halving the vectors at each of four levels; each sum's
+// order of adds is fixed, whatever the other vectors hold.
+inline __m512 sum_each_of_16(const __m512 a[16]) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)  // b[i]: a[2i] in elements 0, 2 of each 128-bit lane, a[2i+1] 1, 3
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // c[i]: a[4i + e]'s lane partial sums in element e of each lane
+    const __m512d lo = _mm512_castps_pd(b[2 * i]), hi = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
+  }
+  // Lanes added in pairs twice: c[0..3]'s four lanes -> one lane each, in order.
+  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                                  _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88),
+                                  _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
 // e^x to ~1 ulp: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
 // (remainder < 2e-7 relative), times 2^n.
 inline __m512 exp(__m512 x) {
