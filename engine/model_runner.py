@@ -162,9 +162,11 @@ class ModelRunner:
         )
         # int4 is for the bytes: its layers keep no bf16 copy for large batches.
         large_batch_bf16 = (
-            _wants_bf16_copy(config.gguf_large_batch, gguf_kernels, _bf16_copy_bytes(self.model))
-            and self.quantization != "int4"
+            self.quantization != "int4"
             and not self.batch_invariant  # the copy rounds the weights
+            and _wants_bf16_copy(
+                config.gguf_large_batch, gguf_kernels, _bf16_copy_bytes(self.model)
+            )
         )
         self.num_gguf_matvec_layers = prepare_gguf_modules(
             self.model, gguf_kernels, self.dtype, large_batch_bf16, avx2
@@ -390,7 +392,7 @@ class ModelRunner:
 
 # "auto" keeps a GGUF model's bf16 copy (without AMX) only while it takes at most this share of
 # the memory still available: the rest is for the KV budget (a fraction of what is left) and a
-# step's working memory. A 7B Q4_K_M (a 13.5 GB copy) on a 24 GiB machine reads its blocks.
+# step's working memory. A 7B Q4_K_M (a 13 GB copy) on a 24 GiB machine reads its blocks.
 BF16_COPY_MEMORY_SHARE = 0.5
 
 
@@ -400,21 +402,23 @@ def _wants_bf16_copy(
     """EngineConfig.gguf_large_batch: "auto" keeps a bf16 copy only where the GGUF panels have
     no AMX tiles to run on, and only when the copy (copy_bytes) fits in
     BF16_COPY_MEMORY_SHARE of the available memory (kv_budget.available_memory_bytes)."""
-    if gguf_large_batch == "auto":
-        if kernels is not None and kernels.amx_available():
-            return False
-        available = available_memory_bytes() if available is None else available
-        fits = copy_bytes <= BF16_COPY_MEMORY_SHARE * available
-        if copy_bytes and not fits:
-            log.info(
-                "GGUF large batches read the blocks: a bf16 copy (%.2f GB) would take more than "
-                "%.0f%% of the %.2f GB available (--gguf-large-batch bf16 keeps one anyway)",
-                copy_bytes / 1e9,
-                100 * BF16_COPY_MEMORY_SHARE,
-                available / 1e9,
-            )
-        return fits
-    return gguf_large_batch == "bf16"
+    if gguf_large_batch != "auto":
+        return gguf_large_batch == "bf16"
+    if kernels is None:  # the layers become plain bf16 linears: no blocks to read
+        return True
+    if kernels.amx_available():
+        return False
+    available = available_memory_bytes() if available is None else available
+    fits = copy_bytes <= BF16_COPY_MEMORY_SHARE * available
+    if not fits:
+        log.info(
+            "GGUF large batches read the blocks: a bf16 copy (%.2f GB) would take more than "
+            "%.0f%% of the %.2f GB available (--gguf-large-batch bf16 keeps one anyway)",
+            copy_bytes / 1e9,
+            100 * BF16_COPY_MEMORY_SHARE,
+            available / 1e9,
+        )
+    return fits
 
 
 def _bf16_copy_bytes(model: torch.nn.Module) -> int:
