@@ -423,6 +423,4 @@ def _wants_bf16_copy(
 
 def _bf16_copy_bytes(model: torch.nn.Module) -> int:
     """Bytes a bf16 copy of every GGUFLinear's weight would take."""
-    return sum(
-        2 * m.in_features * m.out_features for m in model.modules() if isinstance(m, GGUFLinear)
-    )
+    return sum(2 * m.num_params for m in model.modules() if isinstance(m, GGUFLinear))

@@ -185,9 +185,8 @@ void vector_tile(const bf16* x, const bf16* w, int64_t K, const bf16* bias, bf16
     for (int j = 0; j < cols; ++j) b[j] = to_float(bias[n + j]);
     sums = _mm512_add_ps(sums, _mm512_broadcast_f32x4(_mm_load_ps(b)));
   }
-  const __m256i words = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(sums), 16));
   alignas(32) uint64_t rounded[4];  // row m's four bf16 results
-  _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), words);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), bf16_words(sums));
   for (int m = 0; m < MR; ++m) std::memcpy(out + m * N + n, rounded + m, 2 * cols);
 }
 

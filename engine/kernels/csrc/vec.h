@@ -70,9 +70,13 @@ inline void store(float* p, __m512 v, int64_t count = kVecLanes) {
   _mm512_mask_storeu_ps(p, lanes(count), v);
 }
 
+// v's 16 lanes rounded to bf16, as 16 words.
+inline __m256i bf16_words(__m512 v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded_bits(v), 16));
+}
+
 inline void store(bf16* p, __m512 v, int64_t count = kVecLanes) {
-  const __m512i high = _mm512_srli_epi32(bf16_rounded_bits(v), 16);
-  _mm256_mask_storeu_epi16(p, lanes(count), _mm512_cvtepi32_epi16(high));
+  _mm256_mask_storeu_epi16(p, lanes(count), bf16_words(v));
 }
 
 // r[i][j] -> r[j][i] for a 16 x 16 fp32 matrix held in 16 registers: pairs of rows interleave
