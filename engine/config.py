@@ -41,6 +41,12 @@ class EngineConfig:
     # where the AVX512-BF16 panels are slower than the copy's matmuls, bf16 while the copy
     # takes at most half the available memory (model_runner.BF16_COPY_MEMORY_SHARE), else blocks.
     gguf_large_batch: Literal["auto", "bf16", "blocks"] = "auto"
+    # With gguf_matvec: "int8" quantizes the inputs of a GGUF layer's passes of 1-8 rows to int8
+    # (per 256 for the K-quants, per 32 for the other formats, as llama.cpp does) and multiplies
+    # the stored codes by them in integers: 1.4-2.2x faster one-row products on a CPU without
+    # AMX (docs/benchmarks.md), the inputs' rounding the price. Opt-in: "exact" multiplies the
+    # file's exact weights. Larger passes are unchanged.
+    gguf_activations: Literal["exact", "int8"] = "exact"
     # "int8": every bf16 linear but the LM head is quantized at load to int8 per output channel
     # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:
     # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.
@@ -80,6 +86,15 @@ class EngineConfig:
         if self.quantization not in ("none", "int8", "int4"):
             raise ValueError(
                 f"quantization must be 'none', 'int8' or 'int4', got {self.quantization!r}"
+            )
+        if self.gguf_activations not in ("exact", "int8"):
+            raise ValueError(
+                f"gguf_activations must be 'exact' or 'int8', got {self.gguf_activations!r}"
+            )
+        if self.gguf_activations == "int8" and self.batch_invariant:
+            raise ValueError(
+                "gguf_activations='int8' and batch_invariant exclude each other: int8 inputs "
+                "serve 1-8-row passes only, so a row's arithmetic would change with its batch"
             )
         named = f"quantization={self.quantization!r}"
         if self.quantization != "none" and self.dtype == "float32":

@@ -93,6 +93,19 @@ def dequantize(kind: int, blocks: torch.Tensor, cols: int) -> torch.Tensor:
     return out
 
 
+def int8_inputs(kind: int, x: torch.Tensor) -> torch.Tensor:
+    """The inputs as gguf_linear's int8 path (EngineConfig.gguf_activations "int8") multiplies
+    them: each block of the format's weights (256 for the K-quants, 32 for the others) of a row
+    rounded to int8 q = round(x * 127 / max|x|) (nearest even), times max|x| / 127; float32."""
+    group = block_format(kind).block_weights
+    values = x.float().reshape(x.shape[0], -1, group)
+    largest = values.abs().amax(dim=-1, keepdim=True)
+    # A tensor divided by a tensor: torch computes number / tensor as a reciprocal times the
+    # number, which rounds twice.
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127.0) / largest, 0.0)
+    return (torch.round(values * inverse) * (largest / 127.0)).reshape(x.shape)
+
+
 # Each takes uint8 [rows, blocks, block_bytes] and returns float32 [rows, blocks, weights].
 
 

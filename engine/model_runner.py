@@ -168,9 +168,16 @@ class ModelRunner:
                 config.gguf_large_batch, gguf_kernels, _bf16_copy_bytes(self.model)
             )
         )
+        int8_inputs = config.gguf_activations == "int8"
         self.num_gguf_matvec_layers = prepare_gguf_modules(
-            self.model, gguf_kernels, self.dtype, large_batch_bf16, avx2
+            self.model, gguf_kernels, self.dtype, large_batch_bf16, avx2, int8_inputs
         )
+        native_gguf = gguf_kernels and self.dtype == torch.bfloat16 and self.num_gguf_matvec_layers
+        if int8_inputs and not native_gguf:
+            raise ValueError(
+                "gguf_activations='int8' needs a GGUF model's blocks read by the native bf16 "
+                f"kernels; {config.model} has no such layer here"
+            )
         if self.quantization == "int8":
             del self.model.on_linear_loaded
             self.num_int8_layers += quantize_linears(

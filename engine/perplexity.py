@@ -8,7 +8,10 @@ asking for its prompt logprobs (teacher-forced, the engine's own prefill path); 
 exp(-mean logprob) over every token after each window's first. A GGUF model is measured three
 ways: served natively from its blocks ("gguf"), and its float conversion (engine/loader.py's
 hf_checkpoint_dir) in bf16 and with int8 (smoothed, the default; and "int8-rot", its rotation
-alone, int8_smoothing=False), and int4. --int8-head also swaps the LM head for an Int8Linear
+alone, int8_smoothing=False), and int4; and, served from its blocks in passes of at most 8
+tokens (max_num_batched_tokens=8, so every pass takes the decode kernels), with the exact
+weights ("gguf-8") and with int8 inputs (--gguf-activations int8, "gguf-8-int8": the setting
+only changes passes of 1-8 rows). --int8-head also swaps the LM head for an Int8Linear
 (not a serving option: it measures what keeping the head bf16 saves). Prints one line per
 setting and each one's ratio to bf16.
 """
@@ -68,25 +71,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8-head", action="store_true")
     args = parser.parse_args(argv)
     floats = str(hf_checkpoint_dir(args.model))  # the model itself unless it is a GGUF file
+    whole = {"max_num_batched_tokens": max(2048, args.window)}
     settings = [
-        ("bf16", floats, "none", False, True),
-        ("int8", floats, "int8", False, True),
-        ("int8-rot", floats, "int8", False, False),
-        ("int4", floats, "int4", False, True),
+        ("bf16", floats, "none", False, True, whole),
+        ("int8", floats, "int8", False, True, whole),
+        ("int8-rot", floats, "int8", False, False, whole),
+        ("int4", floats, "int4", False, True, whole),
     ]
     if args.int8_head:
-        settings.append(("int8+head", floats, "int8", True, True))
+        settings.append(("int8+head", floats, "int8", True, True, whole))
     if resolve_model_path(args.model).suffix == ".gguf":
-        settings.insert(0, ("gguf", args.model, "none", False, True))
+        decode_sized = {"max_num_batched_tokens": 8}
+        settings[:0] = [
+            ("gguf", args.model, "none", False, True, whole),
+            ("gguf-8", args.model, "none", False, True, decode_sized),
+            (
+                "gguf-8-int8",
+                args.model,
+                "none",
+                False,
+                True,
+                {**decode_sized, "gguf_activations": "int8"},
+            ),
+        ]
     results: dict[str, float] = {}
-    for name, model, quantization, head, smoothing in settings:
+    for name, model, quantization, head, smoothing, engine_args in settings:
         started = time.perf_counter()
         llm = LLM(
             model=model,
             dtype="bfloat16",
             quantization=quantization,
             int8_smoothing=smoothing,
-            max_num_batched_tokens=max(2048, args.window),
+            **engine_args,
         )
         if head:
             int8_head(llm)

@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         "fits in half the available memory, else blocks",
     )
     p.add_argument(
+        "--gguf-activations",
+        choices=["exact", "int8"],
+        default="exact",
+        help="GGUF models, passes of 1-8 rows (decode): int8 quantizes their inputs to int8 and "
+        "multiplies the stored codes by them in integers, as llama.cpp does (faster, inputs "
+        "rounded); exact multiplies the file's exact weights",
+    )
+    p.add_argument(
         "--quantization",
         choices=["none", "int8", "int4"],
         default="none",

@@ -44,6 +44,7 @@ _ENGINE_FIELDS = (
     "cpu_kernels",
     "gguf_matvec",
     "gguf_large_batch",
+    "gguf_activations",
     "quantization",
     "batch_invariant",
     "num_threads",

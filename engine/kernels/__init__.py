@@ -37,6 +37,7 @@ SOURCES = [
     "tile_matvec.cpp",
     "gguf_binding.cpp",
     "gguf_linear.cpp",
+    "gguf_int8.cpp",
     "gguf_panel.cpp",
     "gguf_tiles.cpp",
     "amx_linear.cpp",

@@ -27,7 +27,7 @@ from engine.models.layer_ops import KernelLayerOps
 from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
 DENSE_KIND = -1  # the native stack's kind for a PackedLinear's row-major bf16 weight
-GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' ggml types and rows, then their stored blocks
+GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' (ggml type, rows, int8 activations), then blocks
 TILES_KIND = -3  # a PackedLinear's AMX tiles (amx_pack_weight), read by tile_small_linear
 
 
@@ -142,7 +142,10 @@ def _small_batch_native(linear) -> bool:
 
 def _linear_spec(linear: PackedLinear | GGUFLinear) -> tuple[int, list[torch.Tensor]]:
     if isinstance(linear, GGUFLinear):
-        parts = torch.tensor([[part.kind, part.rows] for part in linear.parts], dtype=torch.int64)
+        int8 = int(linear.int8_activations)
+        parts = torch.tensor(
+            [[part.kind, part.rows, int8] for part in linear.parts], dtype=torch.int64
+        )
         return GGUF_PARTS_KIND, [parts, *(part.blocks for part in linear.parts)]
     if linear.amx_weight is not None:
         return TILES_KIND, [linear.amx_weight]

@@ -12,6 +12,9 @@ outputs are concatenated. prepare_gguf_modules() picks the path once, at load:
   avx2.gguf_panel_f32 (the exact weights, fp32 sums); larger passes dequantize the part per
   call (gguf_dequantize_f32, equal to the reference) and multiply with F.linear, so only the
   blocks stay resident;
+- EngineConfig.gguf_activations "int8" (bfloat16, native kernels): passes of 1-8 rows quantize
+  their inputs to int8 and multiply the stored codes by them in integers (as llama.cpp does),
+  instead of multiplying the exact weights; larger passes are unchanged;
 - otherwise (no kernels, or EngineConfig.gguf_matvec off): the layer becomes a plain
   nn.Linear whose weight is the blocks dequantized once into the model's dtype
   (engine/gguf_blocks.py's dequantize, equal to gguf-py's), the blocks dropped; in bfloat16
@@ -65,11 +68,17 @@ class GGUFLinear(nn.Module):
         # Set by engine/batch_invariance.py: every row count on the block panels (weights
         # rounded to bf16 as for large batches), whose per-row sums do not depend on the others.
         self.panels_only = False
+        # Set by use_kernels(): small passes quantize their inputs to int8 (module docstring).
+        self.int8_activations = False
 
-    def use_kernels(self, kernels, large_batch_bf16: bool = False) -> None:
+    def use_kernels(
+        self, kernels, large_batch_bf16: bool = False, int8_activations: bool = False
+    ) -> None:
         """Read the blocks with kernels.gguf_linear from now on; float parts in the dtype.
-        large_batch_bf16: also keep a bf16 copy for large batches (see self.large)."""
+        large_batch_bf16: also keep a bf16 copy for large batches (see self.large).
+        int8_activations: passes of up to SMALL_BATCH_ROWS rows quantize their inputs."""
         self.kernels = kernels
+        self.int8_activations = int8_activations
         self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
         amx = kernels.amx_available()
         self.tile_rows = kernels.GGUF_TILE_ROWS if amx else 0
@@ -148,7 +157,12 @@ class GGUFLinear(nn.Module):
         # (the decode stack alone runs 5-8 decode rows on it).
         small = 0 if self.panels_only else packed_linear.SMALL_BATCH_ROWS
         return self.kernels.gguf_linear(
-            flat.contiguous(), part.blocks, part.kind, part.rows, small_rows=small
+            flat.contiguous(),
+            part.blocks,
+            part.kind,
+            part.rows,
+            small_rows=small,
+            int8_activations=self.int8_activations,
         )
 
     def _avx2_part(self, flat: torch.Tensor, part: GGUFBlocks) -> torch.Tensor:
@@ -180,10 +194,16 @@ class GGUFEmbedding(nn.Module):
 
 
 def prepare_gguf_modules(
-    model: nn.Module, kernels, dtype, large_batch_bf16: bool = False, avx2=None
+    model: nn.Module,
+    kernels,
+    dtype,
+    large_batch_bf16: bool = False,
+    avx2=None,
+    int8_activations: bool = False,
 ) -> int:
     """Pick every GGUFLinear's path (module docstring): kernels.gguf_linear in bfloat16 when
-    `kernels` has it (with a bf16 copy for large batches when large_batch_bf16), the `avx2`
+    `kernels` has it (with a bf16 copy for large batches when large_batch_bf16, small passes
+    on int8 inputs when int8_activations), the `avx2`
     kernels in float32, else an nn.Linear of the dequantized weight, swapped in one layer at a
     time. Returns how many layers read their blocks."""
     native = dtype == torch.bfloat16 and kernels is not None and hasattr(kernels, "gguf_linear")
@@ -195,7 +215,7 @@ def prepare_gguf_modules(
             if not isinstance(child, GGUFLinear):
                 continue
             if native:
-                child.use_kernels(kernels, large_batch_bf16)
+                child.use_kernels(kernels, large_batch_bf16, int8_activations)
                 count += 1
             elif avx2 is not None:
                 child.use_avx2_kernels(avx2)

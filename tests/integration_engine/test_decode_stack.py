@@ -8,7 +8,8 @@ through the stack. The stack makes the same kernel calls in the same order, so b
 bit-identical hidden states and write bit-identical keys and values (the second run overwrites
 the first's slots with its own). As many requests as the limit, of different lengths, leave one
 by one, so steps of every size from the limit to 1 occur, with contexts that cross block
-boundaries; sampled and greedy rows mix.
+boundaries; sampled and greedy rows mix. Both with the exact weights and with int8 inputs
+(gguf_activations "int8").
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from engine.models.decode_stack import build_decode_stack
 from scheduler.sampling_params import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def served_llm():
-    llm = LLM(EngineConfig(dtype="bfloat16"))
+@pytest.fixture(scope="module", params=["exact", "int8"])
+def served_llm(request):
+    """Both gguf_activations: with "int8" the stack's GGUF parts carry the flag into
+    gguf_small_linear, as GGUFLinear passes it to kernels.gguf_linear."""
+    llm = LLM(EngineConfig(dtype="bfloat16", gguf_activations=request.param))
     if llm.engine.runner.model.decode_stack is None:
         pytest.skip("the native kernels are not built on this machine")
     return llm

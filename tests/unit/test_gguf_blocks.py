@@ -118,6 +118,62 @@ def test_k_quant_rows_of_six_super_blocks(name, rows) -> None:
         torch.testing.assert_close(got, want, **BF16_TOLERANCE)
 
 
+def int8_reference(x: torch.Tensor, kind: int, blocks: torch.Tensor, bias=None) -> torch.Tensor:
+    """gguf_linear with int8_activations up to 8 rows: the exact weights times the inputs
+    rounded to int8 per block (gguf_blocks.int8_inputs), fp32 sums, one rounding."""
+    weights = gguf_blocks.dequantize(kind, blocks, x.shape[1])
+    out = gguf_blocks.int8_inputs(kind, x) @ weights.T
+    return (out if bias is None else out + bias.float()).bfloat16()
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 3, 5, 8])
+def test_int8_activations_match_their_reference(kind, rows) -> None:
+    """Every format's int8 kernel (gguf_int8.cpp), with a bias; past one row, the last row
+    zeros (its scale 0)."""
+    blocks = make_blocks(kind, 40, COLS, seed=rows)
+    torch.manual_seed(rows)
+    x, bias = torch.randn(rows, COLS, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)
+    if rows > 1:
+        x[-1] = 0
+    got = kernels.gguf_linear(x, blocks, kind, 40, bias, int8_activations=True)
+    torch.testing.assert_close(got, int8_reference(x, kind, blocks, bias), **BF16_TOLERANCE)
+    if rows > 1:
+        assert torch.equal(got[-1], bias)
+    assert not torch.equal(got[0], reference(x, kind, blocks, bias)[0])  # the inputs rounded
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("name", "cols"), [("Q4_0", 96), ("Q5_1", 96), ("Q8_0", 96), ("Q4_K", 1536), ("Q6_K", 1536)]
+)
+def test_int8_activations_odd_blocks_and_six_super_blocks(name, cols) -> None:
+    """An odd number of 32-weight blocks (the last one pairs with a zero block, read from a
+    copy, never past the row), and K-quant rows of six super-blocks."""
+    kind = int(GGMLQuantizationType[name])
+    blocks = make_blocks(kind, 33, cols, seed=cols)
+    x = torch.randn(2, cols, dtype=torch.bfloat16)
+    got = kernels.gguf_linear(x, blocks, kind, 33, int8_activations=True)
+    torch.testing.assert_close(got, int8_reference(x, kind, blocks), **BF16_TOLERANCE)
+
+
+@needs_kernels
+def test_int8_activations_leave_larger_batches_alone() -> None:
+    """Above 8 rows (and with small_rows=0, batch-invariant mode's setting) the flag changes
+    nothing: those passes multiply the weights as before."""
+    kind = int(GGMLQuantizationType.Q4_K)
+    blocks = make_blocks(kind, 32, COLS, seed=3)
+    x = torch.randn(9, COLS, dtype=torch.bfloat16)
+    plain = kernels.gguf_linear(x, blocks, kind, 32)
+    assert torch.equal(kernels.gguf_linear(x, blocks, kind, 32, int8_activations=True), plain)
+    one = x[:1].contiguous()
+    assert torch.equal(
+        kernels.gguf_linear(one, blocks, kind, 32, small_rows=0, int8_activations=True),
+        kernels.gguf_linear(one, blocks, kind, 32, small_rows=0),
+    )
+
+
 @needs_kernels
 def test_gguf_linear_rejects_what_it_cannot_read() -> None:
     x = torch.randn(1, 256, dtype=torch.bfloat16)

@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # summation orders; activations rounded at other points). A wrong block format or an
 # un-interleaved q row moves log-probabilities by whole nats, far beyond either.
 BF16_SLACK = 2.0
+# With int8 inputs (gguf_activations "int8"): their rounding (1/254 of a block's largest input)
+# is an error of bf16's order added to it; measured on a 2-core AMD EPYC Zen 4, at most 2.0x
+# HF bf16's own error.
+INT8_SLACK = 3.0
 # Resident memory of loading the embedded model beyond 1.2 x the file: the tokenizer (49152
 # tokens, 48900 merges as Python and Rust objects) and the allocator's slack. Measured on a
 # 2-core Xeon (no AMX): peak over the baseline = file + 25 MB.
@@ -174,3 +178,45 @@ def test_auto_reads_the_blocks_when_a_copy_would_not_fit(gguf_files, kernels, mo
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: copy_bytes)
     tight = ModelRunner(config, checkpoint, 64)
     assert all(m.large is None for m in tight.model.modules() if isinstance(m, GGUFLinear))
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_int8_activations_as_close_to_the_oracle_as_hf_bf16(gguf_files, arch: str) -> None:
+    """gguf_activations "int8": decode passes (1-8 rows) multiply the codes by int8 inputs,
+    the decode stack included; along our greedy path the chosen tokens' log-probabilities stay
+    within INT8_SLACK x HF bf16's own error of the float32 oracle. For Llama, the exact path
+    beside it: the int8 one is really taken (its log-probabilities differ)."""
+    path, oracle = gguf_files[arch]
+    modes = ("int8", "exact") if arch == "llama" else ("int8",)
+    engines = {
+        mode: LLM(model=str(path), dtype="bfloat16", block_size=4, kv_cache_bytes=1 << 20,
+                  gguf_activations=mode)
+        for mode in modes
+    }  # fmt: skip
+    linears = [
+        m for m in engines["int8"].engine.runner.model.modules() if isinstance(m, GGUFLinear)
+    ]
+    assert linears and all(m.int8_activations for m in linears)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, logprobs=0)
+    hf_bf16 = copy.deepcopy(oracle).to(torch.bfloat16)
+    outputs = {mode: llm.generate(prompts(), greedy) for mode, llm in engines.items()}
+    for prompt, output in zip(prompts(), outputs["int8"], strict=True):
+        ours = torch.tensor([entry.logprob for entry in output.logprobs])
+        want = _chosen_logprobs(oracle, prompt, output.token_ids)
+        hf_error = (_chosen_logprobs(hf_bf16, prompt, output.token_ids) - want).abs().max()
+        assert (ours - want).abs().max() <= INT8_SLACK * hf_error + 0.02, (arch, prompt)
+    if "exact" in outputs:
+        logprobs = {
+            mode: [[e.logprob for e in o.logprobs] for o in outs] for mode, outs in outputs.items()
+        }
+        assert logprobs["int8"] != logprobs["exact"]
+
+
+def test_int8_activations_refusals(gguf_files, kernels) -> None:
+    with pytest.raises(ValueError, match="exclude each other"):
+        EngineConfig(gguf_activations="int8", batch_invariant=True)
+    with pytest.raises(ValueError, match="'exact' or 'int8'"):
+        EngineConfig(gguf_activations="int4")
+    path, _ = gguf_files["llama"]  # float32: the AVX2 kernels, no int8 path
+    with pytest.raises(ValueError, match="native bf16 kernels"):
+        LLM(model=str(path), dtype="float32", gguf_activations="int8")

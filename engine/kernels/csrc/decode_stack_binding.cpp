@@ -18,8 +18,8 @@ constexpr int64_t kTiles = -3;
 
 // (kind, tensors): (-1, [weight]) row-major bf16 [out_features, in_features]
 // | (-3, [packed]) bf16 in amx_pack_weight's layout [out / 16, in / 32, 16, 16, 2]
-// | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 2] = (ggml type, rows) of each
-// run of one format, blocks_i its bytes as stored in the file.
+// | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 3] = (ggml type, rows, int8
+// activations 0 or 1) of each run of one format, blocks_i its bytes as stored in the file.
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
 
 class DecodeStack {
@@ -185,14 +185,15 @@ class DecodeStack {
     return w;
   }
 
-  static std::vector<std::array<int64_t, 2>> gguf_parts_of(const std::vector<torch::Tensor>& t) {
+  static std::vector<std::array<int64_t, 3>> gguf_parts_of(const std::vector<torch::Tensor>& t) {
     TORCH_CHECK(!t.empty() && t[0].scalar_type() == torch::kInt64 && t[0].dim() == 2 &&
-                    t[0].size(1) == 2 && t[0].is_contiguous() &&
+                    t[0].size(1) == 3 && t[0].is_contiguous() &&
                     t.size() == static_cast<size_t>(t[0].size(0)) + 1 && t[0].size(0) >= 1,
-                "DecodeStack: GGUF parts are (int64 [P, 2] of (ggml type, rows), P blocks)");
-    std::vector<std::array<int64_t, 2>> parts(t[0].size(0));
-    for (size_t i = 0; i < parts.size(); ++i)
-      parts[i] = {data<int64_t>(t[0])[2 * i], data<int64_t>(t[0])[2 * i + 1]};
+                "DecodeStack: GGUF parts are (int64 [P, 3] of (ggml type, rows, int8 "
+                "activations), P blocks)");
+    std::vector<std::array<int64_t, 3>> parts(t[0].size(0));
+    const int64_t* p = data<int64_t>(t[0]);
+    for (size_t i = 0; i < parts.size(); ++i) parts[i] = {p[3 * i], p[3 * i + 1], p[3 * i + 2]};
     return parts;
   }
 
@@ -200,7 +201,7 @@ class DecodeStack {
     int64_t column = 0;
     const auto parts = gguf_parts_of(tensors);
     for (size_t i = 0; i < parts.size(); ++i) {
-      const auto& [kind, rows] = parts[i];
+      const auto& [kind, rows, int8_activations] = parts[i];
       const torch::Tensor& blocks = tensors[i + 1];
       const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), w.in_features);
       TORCH_CHECK(row_bytes > 0 && blocks.scalar_type() == torch::kUInt8 &&
@@ -208,7 +209,7 @@ class DecodeStack {
                   "DecodeStack: GGUF part ", i, " must hold ", rows, " rows of ggml type ", kind,
                   " with ", w.in_features, " inputs");
       w.gguf.push_back({GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), rows,
-                                   w.in_features},
+                                   w.in_features, int8_activations != 0},
                         column});
       column += rows;
     }

@@ -15,10 +15,12 @@ namespace {
 // AMX tiles above 4 rows), more rows the AMX tile kernel up to 32, then the panels.
 // use_amx=False takes the AVX512-BF16 paths even where AMX is available (so both are testable
 // on one machine). The tile kernel and the AMX panels give a row the same sums, so with
-// small_rows=0 a row's result does not depend on M.
+// small_rows=0 a row's result does not depend on M. int8_activations: the small-batch rows
+// quantize x to int8 (gguf_int8.cpp); larger batches are unchanged.
 torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
                              int64_t out_features, const c10::optional<torch::Tensor>& bias,
-                             bool use_amx, int64_t small_rows) {
+                             bool use_amx, int64_t small_rows,
+                             bool int8_activations) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 &&
                   x.is_contiguous(),
               "gguf_linear: x must be contiguous bfloat16 [M >= 1, K]");
@@ -31,7 +33,7 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
               "gguf_linear: blocks must be contiguous uint8 holding out_features x ", row_bytes,
               " bytes");
   const bf16* bias_ptr = bias_data(bias, N, "gguf_linear");
-  const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K};
+  const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K, int8_activations};
   auto out = torch::empty({M, N}, x.options());
   const bool amx = use_amx && amx_available();
   if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {
@@ -61,7 +63,7 @@ void bind_gguf(pybind11::module_& m) {
         "bf16-rounded above)",
         py::arg("x"), py::arg("blocks"), py::arg("kind"), py::arg("out_features"),
         py::arg("bias") = py::none(), py::arg("use_amx") = true,
-        py::arg("small_rows") = kSmallBatchRows,
+        py::arg("small_rows") = kSmallBatchRows, py::arg("int8_activations") = false,
         py::call_guard<py::gil_scoped_release>());
 }
 

@@ -15,7 +15,8 @@
 //                      valid in the low kCodeBits bits (higher bits may hold anything): the
 //                      decode kernels' cheaper form, masked where it is used.
 // 32-weight formats also give kMinAt, the byte offset of their fp16 m (-1: none) and kMinCodes
-// (min = -kMinCodes d without m); read_params reads their d and m 16 blocks at a time.
+// (min = -kMinCodes d without m); read_params reads their d and m 16 blocks at a time; kCodesAt
+// and kFifthAt, the byte offsets of their codes and of Q5's 32 fifth bits (-1: none).
 // A row of K weights is K / 32 sub-blocks; sub-block b lies in block b / kSubs<F>.
 #pragma once
 
@@ -99,6 +100,7 @@ inline __m256i shift_bytes(__m256i v, int count, int keep) {
 struct Q4_0 {
   static constexpr int kWeights = 32, kBytes = 18, kGroup = 32, kCodeBits = 4;
   static constexpr int kMinAt = -1, kMinCodes = 8;
+  static constexpr int kCodesAt = 2, kFifthAt = -1;
   static constexpr bool kSigned = false;
   static __m256i codes(const uint8_t* b, int) { return nibbles(b + 2); }
   static __m512i words(const uint8_t* b, int) { return nibble_words(b + 2); }
@@ -107,6 +109,7 @@ struct Q4_0 {
 struct Q4_1 {
   static constexpr int kWeights = 32, kBytes = 20, kGroup = 32, kCodeBits = 4;
   static constexpr int kMinAt = 2, kMinCodes = 0;
+  static constexpr int kCodesAt = 4, kFifthAt = -1;
   static constexpr bool kSigned = false;
   static __m256i codes(const uint8_t* b, int) { return nibbles(b + 4); }
   static __m512i words(const uint8_t* b, int) { return nibble_words(b + 4); }
@@ -115,6 +118,7 @@ struct Q4_1 {
 struct Q5_0 {
   static constexpr int kWeights = 32, kBytes = 22, kGroup = 32, kCodeBits = 5;
   static constexpr int kMinAt = -1, kMinCodes = 16;
+  static constexpr int kCodesAt = 6, kFifthAt = 2;
   static constexpr bool kSigned = false;
   static __m256i codes(const uint8_t* b, int) { return with_fifth_bit(nibbles(b + 6), u32(b + 2)); }
   static __m512i words(const uint8_t* b, int) {
@@ -125,6 +129,7 @@ struct Q5_0 {
 struct Q5_1 {
   static constexpr int kWeights = 32, kBytes = 24, kGroup = 32, kCodeBits = 5;
   static constexpr int kMinAt = 2, kMinCodes = 0;
+  static constexpr int kCodesAt = 8, kFifthAt = 4;
   static constexpr bool kSigned = false;
   static __m256i codes(const uint8_t* b, int) { return with_fifth_bit(nibbles(b + 8), u32(b + 4)); }
   static __m512i words(const uint8_t* b, int) {
@@ -135,6 +140,7 @@ struct Q5_1 {
 struct Q8_0 {
   static constexpr int kWeights = 32, kBytes = 34, kGroup = 32, kCodeBits = 8;
   static constexpr int kMinAt = -1, kMinCodes = 0;
+  static constexpr int kCodesAt = 2, kFifthAt = -1;
   static constexpr bool kSigned = true;
   static __m256i codes(const uint8_t* b, int) { return load32(b + 2); }
 };

@@ -280,6 +280,7 @@ int64_t gguf_row_bytes(int kind, int64_t K) {
 
 void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                        int64_t M, bool use_amx) {
+  if (w.int8_activations) return gguf_int8_linear(x, w, bias, out, M);
   if (M > kGgufExactRows && use_amx && amx_available())
     return gguf_tile_linear(x, w, bias, out, M);
   gguf::dispatch(w.kind, [&](auto format) {

@@ -18,6 +18,9 @@ struct GgufWeight {
   int kind;               // ggml type id (gguf::Kind)
   const uint8_t* blocks;  // [N, row_bytes]
   int64_t N, K;
+  // gguf_small_linear quantizes the inputs to int8 and multiplies the codes by them
+  // (gguf_int8.cpp) instead of multiplying the exact weights.
+  bool int8_activations = false;
 };
 
 // Up to this many rows the small-batch path multiplies the exact weights (gguf_linear.cpp).
@@ -32,9 +35,16 @@ constexpr int64_t kGgufTileRows = 32;
 constexpr int64_t kGgufWideTileRows = 64;
 
 // M <= kSmallBatchRows (8): streams the blocks once for all rows, decoding as it goes. Above
-// kGgufExactRows rows, with use_amx on a CPU with AMX, gguf_tile_linear instead.
+// kGgufExactRows rows, with use_amx on a CPU with AMX, gguf_tile_linear instead; with
+// w.int8_activations, gguf_int8_linear at every M.
 void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                        int64_t M, bool use_amx = true);
+
+// 1 <= M <= kSmallBatchRows, the inputs quantized to int8 (per 256 for the K-quants, per 32
+// for the others; gguf_int8.cpp): the codes' products with them are exact integers, so the
+// result differs from the exact weights' by the inputs' rounding only.
+void gguf_int8_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
+                      int64_t M);
 
 // 1 <= M <= kGgufWideTileRows, AMX only: each sub-block dequantized to bf16 once and multiplied
 // into every row by one tile product; per row equal to gguf_panel_linear_amx's sums.
