@@ -42,6 +42,7 @@ SOURCES = [
     "gguf_tiles.cpp",
     "amx_linear.cpp",
     "moe_experts.cpp",
+    "vector_grouped_linear.cpp",
     "moe_binding.cpp",
     "int8_linear.cpp",
     "int8_linear_binding.cpp",
@@ -68,6 +69,7 @@ HEADERS = [
     "paged_attention_scores.h",
     "tile_matvec.h",
     "vec.h",
+    "vector_tile.h",
 ]
 # -march=native is safe: the module is built on the machine that runs it.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]

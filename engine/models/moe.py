@@ -15,15 +15,17 @@ A step's (token, expert) pairs are sorted by expert once; each expert that was p
 one matmul over all its tokens' rows (gate_up), the activation runs once over every pair, then
 one matmul per expert again (down). The weighted rows are summed per token over the picks in
 fp32, rounded once: the reduction HF uses (an index_add_ into a bf16 output would round after
-every add). On AMX tiles all of that after the router is one native call (moe_experts.cpp:
-the sort, the gather, every active expert's two products in one parallel region each, the
-weighted sum); elsewhere the same steps in torch (_experts_in_torch).
+every add). In bf16 with the native kernels all of that after the router is one native call
+(moe_experts.cpp: the sort, the gather, every active expert's two products in one parallel
+region each, the weighted sum); elsewhere (float32, no kernels) the same steps in torch
+(_experts_in_torch).
 
 Expert weights: all experts of a layer in one tensor per matrix, gate_up [E, 2 I, H] (gate
 rows, then up rows) and down [E, H, I], in the serving dtype, filled at load one expert at a
 time, in the layout the matmul reads: AMX tiles (amx_pack_weight's layout per expert,
 [E, N/16, K/32, 16, 16, 2]) when the native kernels serve bfloat16 on an AMX CPU and the sizes
-tile evenly; else row-major, one F.linear per expert. One layout only: the tiles also serve
+tile evenly; else row-major (read by vector_grouped_linear's AVX512-BF16 dot products without
+AMX, or one F.linear per expert in torch). One layout only: the tiles also serve
 one-row products (Qwen3-30B-A3B's expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms
 per expert at 1 row, as small_batch_linear over row-major rows; F.linear 0.64 ms).
 
@@ -80,7 +82,10 @@ class SparseMoE(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(size), requires_grad=False)
         size = (self.num_experts, self.hidden_size, self.intermediate_size)
         self.down_proj = nn.Parameter(torch.empty(size), requires_grad=False)
-        self.kernels = None  # set by allocate() when the experts are laid out as AMX tiles
+        # Set by allocate(): the kernels when moe_experts runs the experts (bf16), and whether
+        # they are laid out as AMX tiles (else row-major).
+        self.kernels = None
+        self.tiled = False
         self.num_experts_run = 0
 
     @property
@@ -127,19 +132,19 @@ class SparseMoE(nn.Module):
         """Real (unfilled) expert tensors in dtype, in the layout forward reads."""
         kernels = self.ops.kernels if isinstance(self.ops, KernelLayerOps) else None
         sizes = (2 * self.intermediate_size, self.hidden_size, self.intermediate_size)
-        tiled = (
+        native = (
             dtype == torch.bfloat16
             and kernels is not None
-            and kernels.amx_available()
             and all(s % TILE_DEPTH == 0 for s in sizes)
         )
-        self.kernels = kernels if tiled else None
+        self.kernels = kernels if native else None
+        self.tiled = native and kernels.amx_available()
         for name, (e, n, k) in (
             ("gate_up_proj", self.gate_up_proj_shape),
             ("down_proj", self.down_proj_shape),
         ):
             tiles = (e, n // TILE_ROWS, k // TILE_DEPTH, TILE_DEPTH // 2, TILE_ROWS, 2)
-            size = tiles if tiled else (e, n, k)
+            size = tiles if self.tiled else (e, n, k)
             tensor = torch.empty(size, dtype=dtype, device="cpu")
             setattr(self, name, nn.Parameter(tensor, requires_grad=False))
 
@@ -154,7 +159,7 @@ class SparseMoE(nn.Module):
         """Rows [first_row, first_row + len(rows)) of one expert's matrix. In the tile layout
         a tile holds 16 rows, and first_row and len(rows) are multiples of 32 (allocate)."""
         self._check("expert matrix", rows, want)
-        if self.kernels is None:
+        if not self.tiled:
             matrix[first_row : first_row + rows.shape[0]].copy_(rows)
             return
         tiles = self.kernels.amx_pack_weight(rows.to(torch.bfloat16).contiguous())
@@ -169,7 +174,7 @@ class SparseMoE(nn.Module):
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]: the router's top-k picks, then their experts, weighted and summed
-        (natively in one call on AMX tiles, else in torch)."""
+        (natively in one call in bf16 with the kernels, else in torch)."""
         weights, picks = self._route(x)
         if self.kernels is not None:
             out, self.num_experts_run = self.kernels.moe_experts(

@@ -231,16 +231,51 @@ def test_amx_grouped_linear_is_amx_linear_per_expert(columns: int) -> None:
         kernels.amx_grouped_linear(x[:10], packed, torch.tensor([(0, 0, 1)]))
 
 
+def test_vector_grouped_linear_is_each_groups_product_with_its_expert() -> None:
+    """The experts' product without AMX (row-major experts) against the float64 reference:
+    within a bf16 rounding of each output; a row's result is the same, bit for bit, whatever
+    its group's size (one row alone, or 4-row and ragged steps in a group of 70). Groups of 0,
+    1, 2, 3, 5, 17 and 70 rows, experts out of order and repeated."""
+    torch.manual_seed(4)
+    experts = torch.randn(5, 96, 128, dtype=torch.bfloat16)
+    plan = [(3, 1), (0, 0), (2, 2), (2, 3), (1, 5), (0, 17), (3, 70)]
+    x = torch.randn(sum(n for _, n in plan), 128, dtype=torch.bfloat16)
+    groups, first = [], 0
+    for e, n in plan:
+        groups.append((e, first, n))
+        first += n
+    got = kernels.vector_grouped_linear(x, experts, torch.tensor(groups))
+    assert got.shape == (x.shape[0], 96)
+    for e, first, n in groups:
+        rows = slice(first, first + n)
+        want = x[rows].double() @ experts[e].double().T
+        torch.testing.assert_close(got[rows].double(), want, atol=1e-2, rtol=8e-3)
+        for r in range(first, first + n, 4):
+            alone = kernels.vector_grouped_linear(x[r : r + 1], experts, torch.tensor([(e, 0, 1)]))
+            assert torch.equal(alone[0], got[r])
+    with pytest.raises(RuntimeError, match="disjoint"):
+        kernels.vector_grouped_linear(x, experts, torch.tensor([(0, 5, 4), (1, 0, 4)]))
+    with pytest.raises(RuntimeError, match="N % 16"):
+        kernels.vector_grouped_linear(x, experts[:, :90], torch.tensor([(0, 0, 1)]))
+
+
+def _one_expert_row(x_row: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x_row [1, K] @ weight.T as moe_experts multiplies a row with this CPU's expert layout."""
+    if kernels.amx_available():
+        return kernels.amx_linear(x_row, kernels.amx_pack_weight(weight), None)
+    return kernels.vector_grouped_linear(x_row, weight[None], torch.tensor([(0, 0, 1)]))
+
+
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
 def test_moe_experts_is_each_pick_through_its_expert_weighted_in_pick_order(weights_dtype) -> None:
     """moe_experts against its plain-torch reference, bit for bit: each (token, pick) row
-    through amx_linear (gate_up), the kernels' silu_and_mul and amx_linear (down), each
-    weighted product rounded to bf16 when the weights are bf16, the k products summed in pick
-    order in float32 and rounded once. 16 experts, top-8 over 40 tokens: every expert gets
-    more than 2 rows (so its rows run on the tiles, as amx_linear's do), the picks of a token
-    are out of expert order, and experts 14 and 15 are picked by no token and not counted."""
-    if not kernels.amx_available():
-        pytest.skip("no AMX on this CPU")
+    through its expert's product (gate_up: amx_linear over the tiles on an AMX CPU, else
+    vector_grouped_linear over row-major experts), the kernels' silu_and_mul, the down
+    product, each weighted product rounded to bf16 when the weights are bf16, the k products
+    summed in pick order in float32 and rounded once. 16 experts, top-8 over 40 tokens: every
+    expert gets more than 2 rows (so its rows run on the tiles, as amx_linear's do), the picks
+    of a token are out of expert order, and experts 14 and 15 are picked by no token and not
+    counted."""
     torch.manual_seed(5)
     tokens, k, hidden, inter, num_experts = 40, 8, 64, 96, 16
     gate_up = [torch.randn(2 * inter, hidden, dtype=torch.bfloat16) * 0.2 for _ in range(16)]
@@ -248,7 +283,7 @@ def test_moe_experts_is_each_pick_through_its_expert_weighted_in_pick_order(weig
     x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
     picks = torch.stack([torch.randperm(14)[:k] for _ in range(tokens)])
     weights = torch.rand(tokens, k).to(weights_dtype)
-    got, run = kernels.moe_experts(x, picks, weights, *_stacked_tiles(gate_up, down))
+    got, run = kernels.moe_experts(x, picks, weights, *_experts_layout(gate_up, down))
     assert run == len(set(picks.flatten().tolist())) == 14
     assert torch.bincount(picks.flatten(), minlength=num_experts)[:14].min() > 2
     want = torch.empty_like(got)
@@ -256,18 +291,20 @@ def test_moe_experts_is_each_pick_through_its_expert_weighted_in_pick_order(weig
         total = torch.zeros(hidden)
         for j in range(k):
             e = int(picks[t, j])
-            gated = kernels.amx_linear(x[t : t + 1], kernels.amx_pack_weight(gate_up[e]), None)
-            hidden_row = kernels.silu_and_mul(gated)
-            out = kernels.amx_linear(hidden_row, kernels.amx_pack_weight(down[e]), None)[0]
+            hidden_row = kernels.silu_and_mul(_one_expert_row(x[t : t + 1], gate_up[e]))
+            out = _one_expert_row(hidden_row, down[e])[0]
             product = out * weights[t, j : j + 1]  # bf16 x bf16 rounds; bf16 x fp32 is fp32
             total += product.float()
         want[t] = total.bfloat16()
     assert torch.equal(got, want)
     with pytest.raises(RuntimeError, match="expert"):
-        kernels.moe_experts(x, picks + 3, weights, *_stacked_tiles(gate_up, down))
+        kernels.moe_experts(x, picks + 3, weights, *_experts_layout(gate_up, down))
 
 
-def _stacked_tiles(gate_up, down) -> tuple[torch.Tensor, torch.Tensor]:
+def _experts_layout(gate_up, down) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts stacked as SparseMoE lays them out on this CPU: AMX tiles, else row-major."""
+    if not kernels.amx_available():
+        return torch.stack(gate_up), torch.stack(down)
     return (
         torch.stack([kernels.amx_pack_weight(w) for w in gate_up]),
         torch.stack([kernels.amx_pack_weight(w) for w in down]),
@@ -365,15 +402,21 @@ def gil_free_calls() -> dict:
         "top_candidates": (logits, sample_rows, temperature, 64),
         "draw_whole": (logits, sample_rows, temperature, temperature * 0, uniforms),
     }
+    one_group = torch.tensor([[0, 0, rows.shape[0]]])
+    ops["vector_grouped_linear"] = (rows, weight.unsqueeze(0), one_group)
+    picks, route_weights = torch.zeros(64, 1, dtype=torch.int64), torch.ones(64, 1)
+    ops["moe_experts"] = (
+        rows,
+        picks,
+        route_weights,
+        *_experts_layout([weight], [weight[:512, :512]]),
+    )
     if kernels.amx_available():
         ops["amx_pack_weight"] = (weight,)
         ops["amx_linear"] = (rows, kernels.amx_pack_weight(weight), None)
         experts = kernels.amx_pack_weight(weight).unsqueeze(0)
         padded = torch.cat([rows, rows[:32]])
-        ops["amx_grouped_linear"] = (padded, experts, torch.tensor([[0, 0, rows.shape[0]]]))
-        down = kernels.amx_pack_weight(weight[:512, :512]).unsqueeze(0)
-        picks, route_weights = torch.zeros(64, 1, dtype=torch.int64), torch.ones(64, 1)
-        ops["moe_experts"] = (rows, picks, route_weights, experts, down)
+        ops["amx_grouped_linear"] = (padded, experts, one_group)
     return {name: functools.partial(getattr(kernels, name), *args) for name, args in ops.items()}
 
 
@@ -394,6 +437,7 @@ GIL_FREE_OPS = [
     "amx_pack_weight",
     "amx_linear",
     "amx_grouped_linear",
+    "vector_grouped_linear",
     "moe_experts",
 ]
 

@@ -59,6 +59,31 @@ inline void check_expert_tiles(const torch::Tensor& experts, int64_t K, const ch
   check_tile_layout(experts, 1, K, what, "experts must be [E, ...] of amx_pack_weight layouts");
 }
 
+// A mixture-of-experts layer's weights [E, N, K] row-major (vector_grouped_linear), for x of K
+// columns: N a multiple of 16, K of 32.
+inline void check_expert_rows(const torch::Tensor& experts, int64_t K, const char* what) {
+  TORCH_CHECK(experts.dim() == 3 && experts.scalar_type() == torch::kBFloat16 &&
+                  experts.is_contiguous() && experts.size(1) % 16 == 0 && K % 32 == 0,
+              what, ": experts must be contiguous bfloat16 [E, N, K], N % 16 == 0, K % 32 == 0");
+  TORCH_CHECK(experts.size(2) == K, what, ": K of x and weight differ");
+}
+
+// groups int64 [G, 3] of (expert < E, first_row, num_rows): disjoint, increasing row ranges
+// inside [0, rows).
+inline void check_groups(const torch::Tensor& groups, int64_t E, int64_t rows) {
+  TORCH_CHECK(groups.dim() == 2 && groups.size(1) == 3 && groups.scalar_type() == torch::kInt64 &&
+                  groups.is_contiguous(),
+              "groups must be int64 [G, 3]: (expert, first_row, num_rows)");
+  const int64_t* g = data<int64_t>(groups);
+  int64_t next = 0;
+  for (int64_t i = 0; i < groups.size(0); ++i) {
+    TORCH_CHECK(g[3 * i] >= 0 && g[3 * i] < E, "group expert out of range");
+    TORCH_CHECK(g[3 * i + 1] >= next && g[3 * i + 2] >= 0 && g[3 * i + 1] + g[3 * i + 2] <= rows,
+                "groups must hold disjoint, increasing row ranges inside x");
+    next = g[3 * i + 1] + g[3 * i + 2];
+  }
+}
+
 // Calls fn.template operator()<T>() with T = float or bf16 from the tensor's dtype.
 template <typename Fn>
 void dispatch(const torch::Tensor& t, Fn&& fn) {

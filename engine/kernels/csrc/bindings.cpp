@@ -78,24 +78,27 @@ torch::Tensor amx_grouped_linear_op(const torch::Tensor& x, const torch::Tensor&
   TORCH_CHECK(amx_available(), "AMX is not available to this process");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be contiguous bfloat16 [R, K]");
-  TORCH_CHECK(groups.dim() == 2 && groups.size(1) == 3 && groups.scalar_type() == torch::kInt64 &&
-                  groups.is_contiguous(),
-              "groups must be int64 [G, 3]: (expert, first_row, num_rows)");
   check_expert_tiles(packed, x.size(1), "amx_grouped_linear");
-  const int64_t K = x.size(1), N = packed.size(1) * 16, E = packed.size(0);
+  const int64_t K = x.size(1), N = packed.size(1) * 16;
   const int64_t rows = x.size(0) - 32;
   TORCH_CHECK(rows >= 0, "x needs 32 rows of padding after its last row");
-  const int64_t* g = data<int64_t>(groups);
-  int64_t next = 0;
-  for (int64_t i = 0; i < groups.size(0); ++i) {
-    TORCH_CHECK(g[3 * i] >= 0 && g[3 * i] < E, "group expert out of range");
-    TORCH_CHECK(g[3 * i + 1] >= next && g[3 * i + 2] >= 0 && g[3 * i + 1] + g[3 * i + 2] <= rows,
-                "groups must hold disjoint, increasing row ranges inside x");
-    next = g[3 * i + 1] + g[3 * i + 2];
-  }
+  check_groups(groups, packed.size(0), rows);
   auto out = torch::empty({rows, N}, x.options());
-  amx_grouped_linear(data<bf16>(x), data<bf16>(packed), g, groups.size(0), data<bf16>(out), N,
-                     K);
+  amx_grouped_linear(data<bf16>(x), data<bf16>(packed), data<int64_t>(groups), groups.size(0),
+                     data<bf16>(out), N, K);
+  return out;
+}
+
+torch::Tensor vector_grouped_linear_op(const torch::Tensor& x, const torch::Tensor& experts,
+                                       const torch::Tensor& groups) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+              "x must be contiguous bfloat16 [R, K]");
+  check_expert_rows(experts, x.size(1), "vector_grouped_linear");
+  check_groups(groups, experts.size(0), x.size(0));
+  const int64_t N = experts.size(1);
+  auto out = torch::empty({x.size(0), N}, x.options());
+  vector_grouped_linear(data<bf16>(x), data<bf16>(experts), data<int64_t>(groups),
+                        groups.size(0), data<bf16>(out), N, x.size(1));
   return out;
 }
 
@@ -372,6 +375,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         without_gil);
   m.def("amx_grouped_linear", &amx_grouped_linear_op,
         "groups of rows of x @ their expert's weight.T on AMX tiles (a MoE layer's experts)",
+        without_gil);
+  m.def("vector_grouped_linear", &vector_grouped_linear_op,
+        "groups of rows of x @ their expert's row-major weight.T, AVX512-BF16 (no AMX)",
         without_gil);
   m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row", without_gil);
   m.def("top_candidates", &top_candidates_op,

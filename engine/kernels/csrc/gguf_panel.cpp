@@ -23,6 +23,7 @@
 #include "gguf_linear.h"
 #include "kernels.h"
 #include "vec.h"
+#include "vector_tile.h"
 
 namespace meterserve {
 namespace {
@@ -158,38 +159,6 @@ void panel_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w, const bf
 
 constexpr int64_t kVectorPanelRows = 16;
 
-// out[m, n + j] for m < MR, j < cols (<= 4): 4 weight rows of the panel against MR rows of x.
-// Each product's 16 lane sums are added across lanes by one transposed reduction of all 16
-// accumulators (sum_each_of_16: 45 shuffles and adds where 16 separate reductions take ~130),
-// which leaves out[m, n .. n + 3] in 128-bit lane m. A row's sums do not depend on MR.
-template <int MR>
-void vector_tile(const bf16* x, const bf16* w, int64_t K, const bf16* bias, bf16* out,
-                 int64_t N, int64_t n, int64_t cols) {
-  __m512 acc[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    __m512bh xs[MR];
-#pragma GCC unroll 4
-    for (int m = 0; m < MR; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(x + m * K + k);
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + j * K + k);
-#pragma GCC unroll 4
-      for (int m = 0; m < MR; ++m) acc[4 * m + j] = _mm512_dpbf16_ps(acc[4 * m + j], xs[m], wv);
-    }
-  }
-  __m512 sums = sum_each_of_16(acc);
-  if (bias) {
-    alignas(16) float b[4] = {};
-    for (int j = 0; j < cols; ++j) b[j] = to_float(bias[n + j]);
-    sums = _mm512_add_ps(sums, _mm512_broadcast_f32x4(_mm_load_ps(b)));
-  }
-  alignas(32) uint64_t rounded[4];  // row m's four bf16 results
-  _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), bf16_words(sums));
-  for (int m = 0; m < MR; ++m) std::memcpy(out + m * N + n, rounded + m, 2 * cols);
-}
-
 template <class F>
 void panel_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M) {
   const int64_t K = w.K;
@@ -207,15 +176,10 @@ void panel_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* ou
         for (int64_t m = chunk; m < chunk_end; m += 4) {
           const bf16* xs = x + m * K;
           bf16* dst = out + m * w.N;
-          for (int64_t j = 0; j < cols; j += 4) {
-            const int64_t c = std::min<int64_t>(4, cols - j);
-            switch (std::min<int64_t>(4, chunk_end - m)) {
-              case 1: vector_tile<1>(xs, panel + j * K, K, bias, dst, w.N, n0 + j, c); break;
-              case 2: vector_tile<2>(xs, panel + j * K, K, bias, dst, w.N, n0 + j, c); break;
-              case 3: vector_tile<3>(xs, panel + j * K, K, bias, dst, w.N, n0 + j, c); break;
-              default: vector_tile<4>(xs, panel + j * K, K, bias, dst, w.N, n0 + j, c);
-            }
-          }
+          const int64_t rows = std::min<int64_t>(4, chunk_end - m);
+          for (int64_t j = 0; j < cols; j += 4)
+            vector_tile_rows(xs, rows, panel + j * K, K, bias, dst, w.N, n0 + j,
+                             std::min<int64_t>(4, cols - j));
         }
       }
     }

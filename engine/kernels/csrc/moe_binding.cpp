@@ -1,4 +1,5 @@
-// Binding of moe_experts: check the picks, weights and expert tiles, allocate the scratch.
+// Binding of moe_experts: check the picks, weights and experts (AMX tiles [E, ...] or row-major
+// [E, N, K]), allocate the scratch.
 #include "moe_binding.h"
 
 #include "binding_checks.h"
@@ -13,17 +14,27 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
                                                    const torch::Tensor& weights,
                                                    const torch::Tensor& gate_up,
                                                    const torch::Tensor& down) {
-  TORCH_CHECK(amx_available(), "AMX is not available to this process");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be contiguous bfloat16 [T, H]");
   const int64_t tokens = x.size(0), hidden = x.size(1);
   TORCH_CHECK(picks.dim() == 2 && picks.size(0) == tokens && picks.scalar_type() == torch::kInt64,
               "picks must be int64 [T, k]");
   TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
-  check_expert_tiles(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
-  const int64_t E = gate_up.size(0), inter = gate_up.size(1) * 8, k = picks.size(1);
-  check_expert_tiles(down, inter, "moe_experts down");
-  TORCH_CHECK(down.size(0) == E && down.size(1) * 16 == hidden,
+  const bool tiled = gate_up.dim() > 3;
+  if (tiled) {
+    TORCH_CHECK(amx_available(), "AMX is not available to this process");
+    check_expert_tiles(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
+  } else {
+    check_expert_rows(gate_up, hidden, "moe_experts gate_up");
+  }
+  const int64_t E = gate_up.size(0), k = picks.size(1);
+  const int64_t inter = tiled ? gate_up.size(1) * 8 : gate_up.size(1) / 2;
+  if (tiled)
+    check_expert_tiles(down, inter, "moe_experts down");
+  else
+    check_expert_rows(down, inter, "moe_experts down");
+  const int64_t down_rows = tiled ? down.size(1) * 16 : down.size(1);
+  TORCH_CHECK(down.size(0) == E && down_rows == hidden,
               "moe_experts: down must be [", E, "] experts of [", hidden, ", ", inter, "]");
   const torch::Tensor pick_ids = picks.contiguous();
   const int64_t pairs = tokens * k;
@@ -42,7 +53,7 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   const MoeScratch scratch{data<bf16>(rows),        data<bf16>(gate_up_out),
                            data<bf16>(hidden_rows), data<bf16>(expert_out),
                            data<int64_t>(index),    data<int64_t>(index) + pairs};
-  const MoeExperts experts{data<bf16>(gate_up), data<bf16>(down), E, hidden, inter};
+  const MoeExperts experts{data<bf16>(gate_up), data<bf16>(down), E, hidden, inter, tiled};
   torch::Tensor out = bf16_rows(tokens, hidden);
   const int64_t run = moe_experts(data<bf16>(x), data<int64_t>(pick_ids), data<float>(weights32),
                                   round_products, experts, tokens, k, scratch, data<bf16>(out));
@@ -53,7 +64,8 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
 
 void bind_moe(pybind11::module_& m) {
   m.def("moe_experts", &moe_experts_op,
-        "a MoE layer's picked experts on AMX tiles, weighted and summed per token: (out, run)",
+        "a MoE layer's picked experts (AMX tiles or row-major), weighted and summed per token: "
+        "(out, run)",
         py::call_guard<py::gil_scoped_release>());
 }
 

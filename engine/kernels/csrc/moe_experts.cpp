@@ -9,6 +9,9 @@
 // output rounded to bf16; weight * output in fp32, itself rounded to bf16 when the weights are
 // bf16 (Qwen3-MoE: a bf16 x bf16 product); the k products summed in pick order in fp32 and
 // rounded once.
+//
+// Experts on AMX tiles (amx_grouped_linear) or, on a CPU without AMX, row-major
+// (vector_grouped_linear): the same steps around either product.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -78,11 +81,12 @@ int64_t moe_experts(const bf16* x, const int64_t* picks, const float* weights,
       sort_pairs(picks, pairs, experts.num_experts, scratch.order, scratch.position);
   const int64_t num_groups = static_cast<int64_t>(groups.size()) / 3;
   gather_rows(x, scratch.order, pairs, k, hidden, scratch.rows);
-  amx_grouped_linear(scratch.rows, experts.gate_up, groups.data(), num_groups,
-                     scratch.gate_up_out, 2 * inter, hidden);
+  const auto grouped_linear = experts.tiled ? amx_grouped_linear : vector_grouped_linear;
+  grouped_linear(scratch.rows, experts.gate_up, groups.data(), num_groups, scratch.gate_up_out,
+                 2 * inter, hidden);
   silu_and_mul(scratch.gate_up_out, scratch.hidden, pairs, inter);
-  amx_grouped_linear(scratch.hidden, experts.down, groups.data(), num_groups, scratch.expert_out,
-                     hidden, inter);
+  grouped_linear(scratch.hidden, experts.down, groups.data(), num_groups, scratch.expert_out,
+                 hidden, inter);
   weighted_sum(scratch.expert_out, scratch.position, weights, round_products, tokens, k, hidden,
                out);
   return num_groups;
