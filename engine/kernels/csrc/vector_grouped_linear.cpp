@@ -2,33 +2,73 @@
 // (one expert's tokens, after moe_experts sorted the pairs) by its expert's row-major bf16
 // weight, with AVX512-BF16 dot products (vector_tile.h, as the GGUF panels multiply).
 //
-// The work is split into (group, 16 weight rows) items over one parallel region, so a decode
-// step's eight one-row experts keep both threads streaming weights, and a prefill's uneven
-// groups are shared out dynamically. An item's 16 weight rows (32 KB at K = 1,024) stay in L2
-// while every row of the group passes over them, four rows of x at a time.
+// The work is split into (group, 16 weight rows) items; each thread takes a run of
+// consecutive items holding about an even share of the rows to multiply, so a decode step's
+// eight one-row experts and a prefill's uneven groups both keep the threads busy to the end.
+// Knowing its next item, a thread fetches that item's weight rows into L2 a quarter at a time
+// while it multiplies the current one. An item's 16 weight rows (32 KB at K = 1,024) stay in
+// L2 while every row of its group passes over them, four rows of x at a time.
+#include <omp.h>
+
 #include <algorithm>
 
 #include "kernels.h"
+#include "vec.h"
 #include "vector_tile.h"
 
 namespace meterserve {
 
 namespace {
+
 constexpr int64_t kItemRows = 16;  // weight rows per work item
+// What streaming an item's weight costs beside its products, in rows of x: a one-row item is
+// about as long as this many rows' share of an item that reads its weight from cache.
+constexpr int64_t kItemCost = 2;
+
+struct Items {
+  const int64_t* groups;
+  int64_t per_group;  // items per group: N / kItemRows
+  int64_t cost(int64_t item) const { return groups[3 * (item / per_group) + 2] + kItemCost; }
+};
+
+// Thread t of T's items [first, last): consecutive, about an even share of the total cost.
+std::pair<int64_t, int64_t> share(const Items& items, int64_t count, int t, int T) {
+  int64_t total = 0;
+  for (int64_t item = 0; item < count; ++item) total += items.cost(item);
+  int64_t first = count, done = 0;
+  for (int64_t item = 0; item < count; ++item) {
+    if (first == count && done * T >= total * t) first = item;
+    if (done * T >= total * (t + 1)) return {first, item};
+    done += items.cost(item);
+  }
+  return {first, count};
+}
+
 }  // namespace
 
 void vector_grouped_linear(const bf16* x, const bf16* weights, const int64_t* groups,
                            int64_t num_groups, bf16* out, int64_t N, int64_t K) {
-  const int64_t per_group = N / kItemRows;
-#pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t item = 0; item < num_groups * per_group; ++item) {
-    const int64_t* group = groups + 3 * (item / per_group);
-    const int64_t n0 = (item % per_group) * kItemRows, end = group[1] + group[2];
-    const bf16* w = weights + (group[0] * N + n0) * K;
-    for (int64_t r = group[1]; r < end; r += 4) {
-      const int64_t rows = std::min<int64_t>(4, end - r);
-      for (int64_t j = 0; j < kItemRows; j += 4)
-        vector_tile_rows(x + r * K, rows, w + j * K, K, nullptr, out + r * N, N, n0 + j, 4);
+  const Items items{groups, N / kItemRows};
+  const int64_t count = num_groups * items.per_group;
+  auto weight_of = [&](int64_t item) {
+    const int64_t* group = groups + 3 * (item / items.per_group);
+    return weights + (group[0] * N + (item % items.per_group) * kItemRows) * K;
+  };
+#pragma omp parallel
+  {
+    const auto [first, last] = share(items, count, omp_get_thread_num(), omp_get_num_threads());
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t* group = groups + 3 * (item / items.per_group);
+      const int64_t n0 = (item % items.per_group) * kItemRows, end = group[1] + group[2];
+      const bf16* w = weight_of(item);
+      const bf16* next = item + 1 < last ? weight_of(item + 1) : nullptr;
+      for (int64_t r = group[1]; r < end; r += 4) {
+        const int64_t rows = std::min<int64_t>(4, end - r);
+        for (int64_t j = 0; j < kItemRows; j += 4) {
+          if (next && r == group[1]) prefetch_lines_l2(next + j * K, 4 * K * sizeof(bf16));
+          vector_tile_rows(x + r * K, rows, w + j * K, K, nullptr, out + r * N, N, n0 + j, 4);
+        }
+      }
     }
   }
 }
