@@ -20,20 +20,16 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   TORCH_CHECK(picks.dim() == 2 && picks.size(0) == tokens && picks.scalar_type() == torch::kInt64,
               "picks must be int64 [T, k]");
   TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
-  const bool tiled = gate_up.dim() > 3;
-  if (tiled) {
-    TORCH_CHECK(amx_available(), "AMX is not available to this process");
-    check_expert_tiles(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
-  } else {
-    check_expert_rows(gate_up, hidden, "moe_experts gate_up");
-  }
-  const int64_t E = gate_up.size(0), k = picks.size(1);
-  const int64_t inter = tiled ? gate_up.size(1) * 8 : gate_up.size(1) / 2;
-  if (tiled)
-    check_expert_tiles(down, inter, "moe_experts down");
-  else
-    check_expert_rows(down, inter, "moe_experts down");
-  const int64_t down_rows = tiled ? down.size(1) * 16 : down.size(1);
+  const bool tiled = gate_up.dim() > 3;  // AMX tiles, else row-major [E, N, K]
+  TORCH_CHECK(!tiled || amx_available(), "AMX is not available to this process");
+  auto check_experts = [tiled](const torch::Tensor& t, int64_t K, const char* what) {
+    return tiled ? check_expert_tiles(t, K, what) : check_expert_rows(t, K, what);
+  };
+  auto rows_of = [tiled](const torch::Tensor& t) { return t.size(1) * (tiled ? 16 : 1); };
+  check_experts(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
+  const int64_t E = gate_up.size(0), inter = rows_of(gate_up) / 2, k = picks.size(1);
+  check_experts(down, inter, "moe_experts down");
+  const int64_t down_rows = rows_of(down);
   TORCH_CHECK(down.size(0) == E && down_rows == hidden,
               "moe_experts: down must be [", E, "] experts of [", hidden, ", ", inter, "]");
   const torch::Tensor pick_ids = picks.contiguous();

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels.h"
 #include "vec.h"
@@ -21,8 +22,8 @@ namespace meterserve {
 namespace {
 
 constexpr int64_t kItemRows = 16;  // weight rows per work item
-// What streaming an item's weight costs beside its products, in rows of x: a one-row item is
-// about as long as this many rows' share of an item that reads its weight from cache.
+// An item's cost beside its rows of x, for sharing items out: it also streams its weight
+// (not tuned; 2 keeps a decode step's one-row items from counting as nearly free).
 constexpr int64_t kItemCost = 2;
 
 struct Items {
