@@ -152,6 +152,23 @@ inline __mmask64 fifth_bits(__m512i qh, int a, int b) {
   return _mm512_test_epi8_mask(qh, bit);
 }
 
+// Row m's integer products with a super-block's four code vectors w (u8), each pair of
+// products scaled by its sub-block's scale (sc, spread per lane): 16 int32 sums.
+inline __m512i scaled_dots(const __m512i* w, const __m512i* sc, const Int8Inputs& a, int m,
+                           int64_t j) {
+  const int8_t* xq = &a.q[m * a.K + j * kSuper];
+  __m512i dots = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+    dots = _mm512_dpwssd_epi32(dots, _mm512_maddubs_epi16(w[r], load64(xq + 64 * r)), sc[r]);
+  return dots;
+}
+
+// Row m's sixteen 16-input sums of super-block j.
+inline __m256i input_sums(const Int8Inputs& a, int m, int64_t j) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a.sums[(m * a.K + j * kSuper) / 16]));
+}
+
 // Q4_K and Q5_K (F::kCodeBits 4, 5): 6-bit scales and mins per 32 inputs.
 template <class F, int M>
 void k_row(const uint8_t* row, const Int8Inputs& a, float* out) {
@@ -188,14 +205,8 @@ void k_row(const uint8_t* row, const Int8Inputs& a, float* out) {
     for (int r = 0; r < 4; ++r) sc[r] = spread(params512, idx[r]);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
-      const int8_t* xq = &a.q[m * a.K + j * kSuper];
-      __m512i dots = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r)
-        dots = _mm512_dpwssd_epi32(dots, _mm512_maddubs_epi16(w[r], load64(xq + 64 * r)), sc[r]);
-      const __m256i sums =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a.sums[(m * a.K + j * kSuper) / 16]));
-      const __m256i min_terms = _mm256_madd_epi16(mins, sums);
+      const __m512i dots = scaled_dots(w, sc, a, m, j);
+      const __m256i min_terms = _mm256_madd_epi16(mins, input_sums(a, m, j));
       const float dx = a.scale[m * blocks + j];
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_set1_ps(d * dx), acc[m]);
       acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(min_terms)),
@@ -236,16 +247,10 @@ void q6k_row(const uint8_t* row, const Int8Inputs& a, float* out) {
     for (int r = 0; r < 4; ++r) sc[r] = spread(scales512, idx[r]);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
-      const int8_t* xq = &a.q[m * a.K + j * kSuper];
-      __m512i dots = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r)
-        dots = _mm512_dpwssd_epi32(dots, _mm512_maddubs_epi16(w[r], load64(xq + 64 * r)), sc[r]);
-      const __m256i sums =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&a.sums[(m * a.K + j * kSuper) / 16]));
       // The codes' bias 32: 32 sum_g sc[g] sum(xq_g).
-      const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(scales, sums), 5);
-      dots = _mm512_sub_epi32(dots, _mm512_zextsi256_si512(bias));
+      const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(scales, input_sums(a, m, j)), 5);
+      const __m512i dots =
+          _mm512_sub_epi32(scaled_dots(w, sc, a, m, j), _mm512_zextsi256_si512(bias));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
                                _mm512_set1_ps(d * a.scale[m * blocks + j]), acc[m]);
     }
@@ -387,16 +392,7 @@ void int8_rows(const Int8Inputs& a, const GgufWeight& w, const bf16* bias, bf16*
 template <class F>
 void int8_linear_of(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M) {
   const Int8Inputs a = quantize_inputs<F>(x, M, w.K);
-  switch (M) {
-    case 1: return int8_rows<F, 1>(a, w, bias, out);
-    case 2: return int8_rows<F, 2>(a, w, bias, out);
-    case 3: return int8_rows<F, 3>(a, w, bias, out);
-    case 4: return int8_rows<F, 4>(a, w, bias, out);
-    case 5: return int8_rows<F, 5>(a, w, bias, out);
-    case 6: return int8_rows<F, 6>(a, w, bias, out);
-    case 7: return int8_rows<F, 7>(a, w, bias, out);
-    default: return int8_rows<F, 8>(a, w, bias, out);
-  }
+  with_small_rows(M, [&](auto rows) { int8_rows<F, decltype(rows)::value>(a, w, bias, out); });
 }
 
 }  // namespace

@@ -286,16 +286,7 @@ void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf1
   gguf::dispatch(w.kind, [&](auto format) {
     using F = decltype(format);
     const Activations a = prepare<F>(x, M, w.K);
-    switch (M) {
-      case 1: return small_rows<F, 1>(a, w, bias, out);
-      case 2: return small_rows<F, 2>(a, w, bias, out);
-      case 3: return small_rows<F, 3>(a, w, bias, out);
-      case 4: return small_rows<F, 4>(a, w, bias, out);
-      case 5: return small_rows<F, 5>(a, w, bias, out);
-      case 6: return small_rows<F, 6>(a, w, bias, out);
-      case 7: return small_rows<F, 7>(a, w, bias, out);
-      default: return small_rows<F, 8>(a, w, bias, out);
-    }
+    with_small_rows(M, [&](auto rows) { small_rows<F, decltype(rows)::value>(a, w, bias, out); });
   });
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "numeric.h"
 
@@ -12,6 +13,22 @@ namespace meterserve {
 // limit for a GGUF model): up to here they are bound by streaming the weight, which they read
 // once for all rows.
 constexpr int64_t kSmallBatchRows = 8;
+
+// fn(std::integral_constant<int, M>{}) with M = rows (1..kSmallBatchRows; more take 8): picks
+// the instance of a kernel templated on its number of rows at run time.
+template <class Fn>
+void with_small_rows(int64_t rows, Fn&& fn) {
+  switch (rows) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
 
 // out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M <= 8, K % 32 == 0; fp32 accumulate.
 // Streams the weight once for all M rows: the decode-time matrix-vector product.

@@ -63,16 +63,9 @@ void linear_rows(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
 
 void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf16* out,
                         int64_t M, int64_t N, int64_t K) {
-  switch (M) {
-    case 1: return linear_rows<1>(x, weight, bias, out, N, K);
-    case 2: return linear_rows<2>(x, weight, bias, out, N, K);
-    case 3: return linear_rows<3>(x, weight, bias, out, N, K);
-    case 4: return linear_rows<4>(x, weight, bias, out, N, K);
-    case 5: return linear_rows<5>(x, weight, bias, out, N, K);
-    case 6: return linear_rows<6>(x, weight, bias, out, N, K);
-    case 7: return linear_rows<7>(x, weight, bias, out, N, K);
-    default: return linear_rows<8>(x, weight, bias, out, N, K);
-  }
+  with_small_rows(M, [&](auto rows) {
+    linear_rows<decltype(rows)::value>(x, weight, bias, out, N, K);
+  });
 }
 
 }  // namespace meterserve
