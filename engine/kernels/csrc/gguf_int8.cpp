@@ -360,7 +360,6 @@ void int8_row(const uint8_t* row, const Int8Inputs& a, float* out) {
 // EPYC Zen 4: Q4_K 1.10x, Q6_K 1.06x without); the 32-weight formats keep it (Q4_0 1.5x with).
 constexpr int64_t kPrefetchBytes = 2048;
 constexpr int64_t kL2PrefetchBytes = 4096;
-constexpr int64_t kStreams = 4;
 template <class F>
 constexpr bool kPrefetch = F::kWeights == 32;
 
@@ -368,25 +367,17 @@ template <class F, int M>
 void int8_rows(const Int8Inputs& a, const GgufWeight& w, const bf16* bias, bf16* out) {
   const int64_t row_bytes = w.K / F::kWeights * F::kBytes;
 #pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = w.N * t / threads, end = w.N * (t + 1) / threads;
-    const int64_t part = (end - begin + kStreams - 1) / kStreams;
-    for (int64_t i = 0; i < part; ++i)
-      for (int64_t s = 0; s < kStreams; ++s) {
-        const int64_t n = begin + s * part + i;
-        if (n >= end) continue;
-        const uint8_t* row = w.blocks + n * row_bytes;
-        if constexpr (kPrefetch<F>) {
-          prefetch_lines_l2(row + kL2PrefetchBytes, row_bytes);
-          prefetch_lines(row + kPrefetchBytes, row_bytes);
-        }
-        float sums[M];
-        int8_row<F, M>(row, a, sums);
-        const float b = bias ? to_float(bias[n]) : 0.0f;
-        for (int m = 0; m < M; ++m) out[m * w.N + n] = from_float<bf16>(sums[m] + b);
-      }
-  }
+  each_row_in_streams(w.N, [&](int64_t n) {
+    const uint8_t* row = w.blocks + n * row_bytes;
+    if constexpr (kPrefetch<F>) {
+      prefetch_lines_l2(row + kL2PrefetchBytes, row_bytes);
+      prefetch_lines(row + kPrefetchBytes, row_bytes);
+    }
+    float sums[M];
+    int8_row<F, M>(row, a, sums);
+    const float b = bias ? to_float(bias[n]) : 0.0f;
+    for (int m = 0; m < M; ++m) out[m * w.N + n] = from_float<bf16>(sums[m] + b);
+  });
 }
 
 template <class F>

@@ -244,27 +244,15 @@ void small_row(const Activations& a, const GgufWeight& w, const bf16* bias, bf16
   for (int m = 0; m < M; ++m) out[m * w.N + n] = from_float<bf16>(sums[m] + b);
 }
 
-// Each thread takes a contiguous share of the weight rows and walks kStreams parts of it side
-// by side, a row of each in turn: one sequential stream per thread left DRAM bandwidth unused
-// (tile_matvec.cpp found the same for bf16). 12 of the 1.5B's layers from memory, one row:
-// two streams against one, alternated, Q4_K 1.12-1.17x, the other formats 0.97-1.19x; four
-// streams 1.02-1.27x in one sweep; 2, 3 and 4 streams measured alike.
-constexpr int64_t kStreams = 4;
-
 template <class F, int M>
 void small_rows(const Activations& a, const GgufWeight& w, const bf16* bias, bf16* out) {
   const int64_t groups = w.K / F::kGroup;
 #pragma omp parallel
   {
     std::vector<float> scale(groups), min(groups);
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = w.N * t / threads, end = w.N * (t + 1) / threads;
-    const int64_t part = (end - begin + kStreams - 1) / kStreams;
-    for (int64_t i = 0; i < part; ++i)
-      for (int64_t s = 0; s < kStreams; ++s) {
-        const int64_t n = begin + s * part + i;
-        if (n < end) small_row<F, M>(a, w, bias, out, n, scale.data(), min.data());
-      }
+    each_row_in_streams(w.N, [&](int64_t n) {
+      small_row<F, M>(a, w, bias, out, n, scale.data(), min.data());
+    });
   }
 }
 
