@@ -37,9 +37,9 @@ two cores stream); Mixtral-8x7B's (8 of 14336, top-2) 35 vs 70 ms at 1 token, 14
 moe_experts (2026-12-06), the bench's Qwen3-MoE layer (64 experts of 512, top-8, hidden 1024)
 at 1 / 8 / 64 / 2,048 tokens: 1.7 / 6.7 / 10.7 / 85 ms, against 2.0 / 7.7 / 13.4 / 132 ms
 through the torch steps over amx_grouped_linear. Without AMX (a 2-core Zen 4 EPYC), 8 experts'
-gate_up and down from memory: 2.9-3.3 ms over 4 layers at one row each (31-34 GB/s), against
-one F.linear per expert 1.7-1.8x slower; the served model of docs/benchmarks.md went from 0.52x
-to 0.88-0.99x vLLM at 1 client and from 0.79x to 1.39-1.42x at 64.
+gate_up and down from memory stream at 27-37 GB/s at one row each and ≈ 27 GB/s at 8, where
+one F.linear per expert was 1.7-1.8x slower at one row; the served model of docs/benchmarks.md
+went from 0.52x to 0.99-1.03x vLLM at 1 client and from 0.79x to 1.52-1.58x at 64.
 """
 
 from __future__ import annotations
