@@ -8,8 +8,8 @@
 // Knowing its next item, a thread fetches that item's weight rows into L2 while it multiplies
 // the current one, in even slices, one before each 4 x 4 tile product (in one burst per
 // quarter item instead, 8 rows an expert ran 1.28x slower: the products and the fetches did
-// not overlap). An item's 16 weight rows (32 KB at K = 1,024) stay in
-// L2 while every row of its group passes over them, four rows of x at a time.
+// not overlap). An item's 16 weight rows (32 KB at K = 1,024) stay in L2 while every row of
+// its group passes over them, four rows of x at a time.
 #include <omp.h>
 
 #include <algorithm>
@@ -28,10 +28,15 @@ constexpr int64_t kItemRows = 16;  // weight rows per work item
 // (not tuned; 2 keeps a decode step's one-row items from counting as nearly free).
 constexpr int64_t kItemCost = 2;
 
+// Item i: weight rows [n0(i), n0(i) + kItemRows) of group i / per_group's expert.
 struct Items {
-  const int64_t* groups;
-  int64_t per_group;  // items per group: N / kItemRows
-  int64_t cost(int64_t item) const { return groups[3 * (item / per_group) + 2] + kItemCost; }
+  const int64_t* groups;  // [G, 3]: (expert, first row, rows)
+  const bf16* weights;    // [E, N, K]
+  int64_t N, K, per_group;  // per_group: N / kItemRows
+  const int64_t* group(int64_t item) const { return groups + 3 * (item / per_group); }
+  int64_t n0(int64_t item) const { return item % per_group * kItemRows; }
+  const bf16* weight(int64_t item) const { return weights + (group(item)[0] * N + n0(item)) * K; }
+  int64_t cost(int64_t item) const { return group(item)[2] + kItemCost; }
 };
 
 // Thread t of T's items [first, last): consecutive, about an even share of the total cost.
@@ -83,22 +88,17 @@ void multiply_item(const bf16* x, const bf16* w, const int64_t* group, int64_t n
 
 void vector_grouped_linear(const bf16* x, const bf16* weights, const int64_t* groups,
                            int64_t num_groups, bf16* out, int64_t N, int64_t K) {
-  const Items items{groups, N / kItemRows};
+  const Items items{groups, weights, N, K, N / kItemRows};
   const int64_t count = num_groups * items.per_group;
-  auto weight_of = [&](int64_t item) {
-    const int64_t* group = groups + 3 * (item / items.per_group);
-    return weights + (group[0] * N + (item % items.per_group) * kItemRows) * K;
-  };
 #pragma omp parallel
   {
     const auto [first, last] = share(items, count, omp_get_thread_num(), omp_get_num_threads());
     for (int64_t item = first; item < last; ++item) {
-      const int64_t* group = groups + 3 * (item / items.per_group);
+      const int64_t* group = items.group(item);
       const int64_t products = std::max<int64_t>(1, (group[2] + 3) / 4 * (kItemRows / 4));
-      SlicedFetch fetch(item + 1 < last ? weight_of(item + 1) : nullptr,
+      SlicedFetch fetch(item + 1 < last ? items.weight(item + 1) : nullptr,
                         kItemRows * K * sizeof(bf16), products);
-      multiply_item(x, weight_of(item), group, (item % items.per_group) * kItemRows, N, K, out,
-                    fetch);
+      multiply_item(x, items.weight(item), group, items.n0(item), N, K, out, fetch);
     }
   }
 }
