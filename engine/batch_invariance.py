@@ -11,7 +11,8 @@ batch-invariant mode does the same on GPUs):
   AMX tiles or AVX512-BF16 dot products: what larger batches take by default), whose per-row
   sums do not depend on the other rows (on AMX, up to 64 rows take gguf_tiles.cpp's kernel,
   which gives a row the panels' sums bit for bit, faster); no bf16 copy is built;
-- bf16 linears on AMX run on the tiles (amx_linear) at every row count, for the same reason;
+- bf16 linears run on the tiles' large-batch product at every row count (amx_linear on AMX,
+  vector_linear elsewhere: each a row's sums in one order), for the same reason;
 - int8 linears need nothing: their rows are independent on every path (int8_linear.py);
 - attention runs every row, prompt rows included, through the decode kernel (each row its own
   one-token span, engine/forward_batch.py's rows_as_decodes), so a prompt chunk of any length,
@@ -23,8 +24,9 @@ own generator (engine/sampler.py). tests/unit/test_batch_invariance.py holds eac
 What it costs (docs/benchmarks.md): few-row steps lose their matvec kernels and the decode
 stack (one stream of the embedded model ≈ 0.55× the default on an AMX CPU), batches lose the bf16 copy
 (≈ 0.85× at 32 streams), and prompts attend row by row. Where a piece has no batch-invariant
-path (float32, no native kernels, a bf16 checkpoint without AMX, mixture-of-experts layers, a
-GGUF file with float linear weights) the engine refuses to start and says which.
+path (float32, no native kernels, a bf16 layer whose sizes are not multiples of 32,
+mixture-of-experts layers, a GGUF file with float linear weights) the engine refuses to start
+and says which.
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ def _gguf(name: str, linear: GGUFLinear) -> None:
 
 
 def _packed(name: str, linear: PackedLinear) -> None:
-    if linear.amx_weight is None:
+    if linear.tiles is None:
         raise BatchInvarianceError(
-            f"--batch-invariant: bf16 layer {name} has no AMX tiles on this CPU (a bf16 "
-            "checkpoint needs AMX; serve a GGUF file or --quantization int8 instead)"
+            f"--batch-invariant: bf16 layer {name} is not in the tile layout (its sizes must "
+            "be multiples of 32, read by the native kernels)"
         )
     linear.tiles_only = True
 

@@ -35,6 +35,7 @@ SOURCES = [
     "decode_stack.cpp",
     "small_batch_linear.cpp",
     "tile_matvec.cpp",
+    "vector_linear.cpp",
     "gguf_binding.cpp",
     "gguf_linear.cpp",
     "gguf_int8.cpp",

@@ -10,7 +10,7 @@ using it or not changes no token.
 
 It applies only where every piece of such a step already runs on a native kernel: bfloat16,
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
-a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in AMX tiles or row-major
+a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in the tile layout or row-major
 (PackedLinear's small-batch path); Qwen3's per-head q/k norms run on the same kernel as in
 the layer loop (rms_norm_heads). Any other step, or model, takes the Python path.
 """
@@ -28,7 +28,7 @@ from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
 DENSE_KIND = -1  # the native stack's kind for a PackedLinear's row-major bf16 weight
 GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' (ggml type, rows, int8 activations), then blocks
-TILES_KIND = -3  # a PackedLinear's AMX tiles (amx_pack_weight), read by tile_small_linear
+TILES_KIND = -3  # a PackedLinear's tiles (amx_pack_weight), read by tile_small_linear
 
 
 class DecodeStack:
@@ -95,8 +95,8 @@ def _max_rows(linears, native) -> int:
     AMX, SmolLM2 decode steps of 6 and 8 rows 9.5-11.3 and 10.5-11.7 ms, against 12.6-15.7 and
     14.0-14.6 ms on oneDNN's bf16 layout), 32 on an AMX CPU, where gguf_linear's tiles take 5-32
     rows, 16 for about the cost of 5 (a drafted decode, a step of 9-32 requests; GGUFLinear keeps
-    such passes on the blocks too, so both paths agree bit for bit). A bf16 model (AMX CPUs:
-    tiles or row-major) stays at SMALL_BATCH_ROWS: its 5-8-row matvecs were not measured against
+    such passes on the blocks too, so both paths agree bit for bit). A bf16 model (tiles, or
+    row-major on AMX) stays at SMALL_BATCH_ROWS: its 5-8-row matvecs were not measured against
     the AMX tiles."""
     gguf = all(kind == GGUF_PARTS_KIND for kind, _ in linears)
     return native.max_rows if gguf else SMALL_BATCH_ROWS
@@ -137,7 +137,7 @@ def _small_batch_native(linear) -> bool:
         return linear.bias is None and linear.kernels is not None and not float_part
     if not isinstance(linear, PackedLinear) or linear.bias is not None:
         return False
-    return linear.amx_weight is not None or linear.weight is not None  # AMX CPUs only
+    return linear.tiles is not None or linear.weight is not None
 
 
 def _linear_spec(linear: PackedLinear | GGUFLinear) -> tuple[int, list[torch.Tensor]]:
@@ -147,6 +147,6 @@ def _linear_spec(linear: PackedLinear | GGUFLinear) -> tuple[int, list[torch.Ten
             [[part.kind, part.rows, int8] for part in linear.parts], dtype=torch.int64
         )
         return GGUF_PARTS_KIND, [parts, *(part.blocks for part in linear.parts)]
-    if linear.amx_weight is not None:
-        return TILES_KIND, [linear.amx_weight]
+    if linear.tiles is not None:
+        return TILES_KIND, [linear.tiles]
     return DENSE_KIND, [linear.weight]

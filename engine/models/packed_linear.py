@@ -1,19 +1,21 @@
 """PackedLinear: a bf16 linear layer with a weight layout for each batch size.
 
-Plain F.linear in bf16 re-lays-out the weight on every call; on this class of CPU (AMX) that
-costs more than the matmul at decode batch sizes. So the weight is laid out once at load time:
-- more than SMALL_BATCH_ROWS rows: amx_linear over AMX tiles when the kernels have AMX and the
-  shape tiles evenly, else oneDNN's blocked layout (as PyTorch's inductor packs with weight
-  freezing);
-- up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests), when the
-  native kernels are built: on an AMX CPU, tile_small_linear's AVX512-BF16 dot products over
-  the same AMX tiles (oneDNN on AMX streams a packed weight at only ~10 GB/s for one row, and
-  the tile product is no faster), or, for a shape the tiles do not fit, small_batch_linear
-  over a row-major weight; without AMX, the same blocked layout as larger batches: oneDNN's
-  AVX512-BF16 kernels stream it faster than small_batch_linear (AMD EPYC, 1.5B shapes, 1-4
-  rows: 4.4 vs 5.9 ms for one row of the 49152 x 2048 head), and no second copy is kept.
-Each layer thus holds one bf16 layout of its weight; two (oneDNN's and row-major) only on an AMX
-CPU for a shape that is not a multiple of 32.
+Plain F.linear in bf16 re-lays-out the weight on every call; on this class of CPU that costs
+more than the matmul at decode batch sizes. So the weight is laid out once at load time. With
+the native kernels and a shape that tiles evenly (both sizes multiples of 32), that layout is
+amx_pack_weight's tiles, on every CPU:
+- more than SMALL_BATCH_ROWS rows: amx_linear's tile products on an AMX CPU; elsewhere
+  vector_linear's AVX512-BF16 products over the same tiles (AMD EPYC Zen 4, 1.5B shapes: as
+  fast as oneDNN's blocked layout from 16 to 256 rows, see docs/benchmarks.md);
+- up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests):
+  tile_small_linear's AVX512-BF16 dot products over the tiles (on AMX oneDNN streams a packed
+  weight at only ~10 GB/s for one row and the tile product is no faster; on Zen 4 oneDNN's
+  one-row products stream ~0.5-0.8x as fast as tile_small_linear's).
+Without the native kernels, or for a shape the tiles do not fit, oneDNN's blocked layout (as
+PyTorch's inductor packs with weight freezing) serves every batch size, plus a row-major copy
+for small_batch_linear on an AMX CPU (oneDNN's one-row products are slowest there). Each layer
+thus holds one bf16 layout of its weight; two only on an AMX CPU for a shape that is not a
+multiple of 32.
 Only used for bfloat16; float32 keeps nn.Linear (the exactness tests run in float32 against
 Hugging Face). A GGUF model's linears are GGUFLinear (gguf_linear.py), over the file's blocks.
 """
@@ -43,11 +45,11 @@ def packing_available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Owns one linear layer's weight in the layouts its batch sizes need:
-    more than SMALL_BATCH_ROWS rows: `amx_weight` (AMX tiles, when the kernels have AMX and the
-    shape tiles evenly), else `packed_weight` (oneDNN);
-    rows <= SMALL_BATCH_ROWS: `amx_weight` too (tile_small_linear), else `weight` (row-major,
-    kept only on AMX CPUs for shapes without tiles), via kernels; else the large-batch layout."""
+    """Owns one linear layer's weight in the layout its batch sizes need: `tiles`
+    (amx_pack_weight, with the native kernels and a shape that tiles evenly) read by
+    tile_small_linear for 1-SMALL_BATCH_ROWS rows and by amx_linear (AMX) or vector_linear above;
+    else `packed_weight` (oneDNN), with `weight` (row-major, small_batch_linear) beside it for
+    small batches on AMX CPUs only."""
 
     def __init__(self, linear: nn.Linear, kernels=None) -> None:
         super().__init__()
@@ -56,40 +58,42 @@ class PackedLinear(nn.Module):
         self.in_features = in_features
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.kernels = kernels
-        amx = kernels is not None and kernels.amx_available()
+        self.amx = kernels is not None and kernels.amx_available()
         self.weight = None
-        self.amx_weight = None
+        self.tiles = None
         self.packed_weight = None
-        # Set by engine/batch_invariance.py: every row count on the AMX tiles (amx_linear), whose
-        # per-row sums do not depend on the other rows; the small-batch kernels round otherwise.
+        # Set by engine/batch_invariance.py: every row count on the tiles' large-batch product
+        # (amx_linear or vector_linear), whose per-row sums do not depend on the other rows; the
+        # small-batch kernels round otherwise.
         self.tiles_only = False
-        if _amx_fits(kernels, self.out_features, in_features):
-            self.amx_weight = kernels.amx_pack_weight(weight)
+        if _tiles_fit(kernels, self.out_features, in_features):
+            self.tiles = kernels.amx_pack_weight(weight)
         else:
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-            self.weight = weight.contiguous() if amx else None
+            self.weight = weight.contiguous() if self.amx else None
 
     def bytes_read(self, num_rows: int) -> int:
         """Bytes of weight (and bias) one forward over num_rows rows streams, as the path
         forward() takes for that many rows reads them (the meter's bytes moved)."""
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        # Row-major, the AMX tiles and oneDNN's blocked layout hold the same bf16 values.
+        # Row-major, the tiles and oneDNN's blocked layout hold the same bf16 values.
         return self.out_features * self.in_features * 2 + bias
 
     def _small_batch_path(self, num_rows: int) -> bool:
         """Whether num_rows rows go to a small-batch kernel (over the tiles or row-major)."""
-        small_layout = self.weight is not None or self.amx_weight is not None
+        small_layout = self.weight is not None or self.tiles is not None
         return small_layout and 0 < num_rows <= SMALL_BATCH_ROWS and not self.tiles_only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if self._small_batch_path(flat.shape[0]):
-            if self.amx_weight is not None:
-                out = self.kernels.tile_small_linear(flat.contiguous(), self.amx_weight, self.bias)
+            if self.tiles is not None:
+                out = self.kernels.tile_small_linear(flat.contiguous(), self.tiles, self.bias)
             else:
                 out = self.kernels.small_batch_linear(flat.contiguous(), self.weight, self.bias)
-        elif self.amx_weight is not None:
-            out = self.kernels.amx_linear(flat, self.amx_weight, self.bias)
+        elif self.tiles is not None:
+            large_batch = self.kernels.amx_linear if self.amx else self.kernels.vector_linear
+            out = large_batch(flat, self.tiles, self.bias)
         else:
             out = torch.ops.mkldnn._linear_pointwise(
                 flat, self.packed_weight, self.bias, "none", [], ""
@@ -97,10 +101,8 @@ class PackedLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def _amx_fits(kernels, out_features: int, in_features: int) -> bool:
-    if kernels is None or not kernels.amx_available():
-        return False
-    return out_features % 32 == 0 and in_features % 32 == 0
+def _tiles_fit(kernels, out_features: int, in_features: int) -> bool:
+    return kernels is not None and out_features % 32 == 0 and in_features % 32 == 0
 
 
 def pack_linears(model: nn.Module, kernels=None) -> int:

@@ -158,9 +158,50 @@ def test_tile_small_linear_matches_fp32_matmul_over_the_amx_layout(rows, feature
     )
 
 
+# (rows, N, K): a register block's edges (rows % 8, slices % 3: N = 96, 64, 160 are 6, 4 and 10
+# slices); K = 4160 takes three depth blocks, whose fp32 sums carry over, and at 200 rows two
+# row chunks.
+VECTOR_LINEAR_SHAPES = [(1, 96, 576), (5, 64, 96), (8, 160, 256), (37, 96, 576), (200, 64, 4160)]
+
+
+@pytest.mark.parametrize("rows,n,k", VECTOR_LINEAR_SHAPES)
+def test_vector_linear_matches_a_float64_matmul_over_the_tile_layout(rows, n, k) -> None:
+    torch.manual_seed(rows + n + k)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    packed = kernels.amx_pack_weight(weight)
+    exact = x.double() @ weight.double().T
+    for b, want in ((bias, exact + bias.double()), (None, exact)):
+        got = kernels.vector_linear(x, packed, b)
+        # fp32 sums of bf16 products, rounded once to bf16: within bf16's half step of the
+        # result plus fp32 summation error over k terms.
+        tolerance = want.abs() * 2**-8 + 1e-6 * k * (x.double().abs() @ weight.double().abs().T)
+        assert ((got.double() - want).abs() <= tolerance).all()
+
+
+def test_vector_linear_rows_do_not_depend_on_the_batch() -> None:
+    """Each element is one fp32 sum in order, in whatever register block its row falls: every
+    row alone equals its row of a 37-row call bit for bit (the batch-invariant mode's
+    promise on CPUs without AMX), also across depth blocks (K = 4160)."""
+    for k in (576, 4160):
+        torch.manual_seed(k)
+        x = torch.randn(37, k, dtype=torch.bfloat16)
+        packed = kernels.amx_pack_weight(torch.randn(96, k, dtype=torch.bfloat16))
+        full = kernels.vector_linear(x, packed, None)
+        for row in range(37):
+            assert torch.equal(kernels.vector_linear(x[row : row + 1], packed, None)[0], full[row])
+
+
+def test_vector_linear_refuses_what_is_not_the_tile_layout() -> None:
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="amx_pack_weight"):
+        kernels.vector_linear(x, torch.randn(64, 64, dtype=torch.bfloat16), None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernels.vector_linear(x.float(), kernels.amx_pack_weight(x.repeat(8, 1)[:32]), None)
+
+
 def test_amx_pack_layout_is_the_documented_one() -> None:
-    if not kernels.amx_available():
-        pytest.skip("no AMX on this CPU")
     weight = torch.arange(64 * 96, dtype=torch.float32).reshape(64, 96).bfloat16()
     packed = kernels.amx_pack_weight(weight)
     n, k = 37, 70  # packed[n / 16][k / 32][(k % 32) / 2][n % 16][k % 2] = weight[n][k]
@@ -390,6 +431,8 @@ def gil_free_calls() -> dict:
     ops = {
         "small_batch_linear": (x4, weight, None),
         "tile_small_linear": (x4, kernels.amx_pack_weight(weight), None),
+        "vector_linear": (rows, kernels.amx_pack_weight(weight), None),
+        "amx_pack_weight": (weight,),
         "gguf_linear": (x4, blocks, int(q4_1), 256),
         "argmax_rows": (rows,),
         "rms_norm": (rows, weight[0], 1e-5),
@@ -412,7 +455,6 @@ def gil_free_calls() -> dict:
         *_experts_layout([weight], [weight[:512, :512]]),
     )
     if kernels.amx_available():
-        ops["amx_pack_weight"] = (weight,)
         ops["amx_linear"] = (rows, kernels.amx_pack_weight(weight), None)
         experts = kernels.amx_pack_weight(weight).unsqueeze(0)
         padded = torch.cat([rows, rows[:32]])
@@ -423,6 +465,7 @@ def gil_free_calls() -> dict:
 GIL_FREE_OPS = [
     "small_batch_linear",
     "tile_small_linear",
+    "vector_linear",
     "gguf_linear",
     "argmax_rows",
     "rms_norm",
@@ -460,6 +503,7 @@ def test_ops_give_the_same_results_from_two_threads_at_once(gil_free_calls) -> N
     pure = [
         "small_batch_linear",
         "tile_small_linear",
+        "vector_linear",
         "gguf_linear",
         "argmax_rows",
         "paged_decode_attention",

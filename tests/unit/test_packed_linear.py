@@ -50,15 +50,15 @@ def test_one_bf16_layout_at_every_batch_size(which: str) -> None:
         pytest.skip("native CPU kernels not available")
     amx = kernels is not None and kernels.amx_available()
     packed = PackedLinear(_linear(64, 64, False, seed=0), kernels)
-    # AMX: the tiles serve small batches too (tile_small_linear); else oneDNN's layout does.
-    layouts = [packed.weight, packed.amx_weight, packed.packed_weight]
+    # With the kernels the tiles serve every batch size, AMX or not; without, oneDNN's layout.
+    layouts = [packed.weight, packed.tiles, packed.packed_weight]
     assert sum(layout is not None for layout in layouts) == 1
-    assert (packed.amx_weight is not None) == amx
+    assert (packed.tiles is not None) == (kernels is not None)
     # A shape the tiles do not fit keeps oneDNN's layout, and on AMX a row-major copy for the
     # small batches (oneDNN streams one row at ~10 GB/s there).
     linear = _linear(48, 40, False, seed=0)
     odd = PackedLinear(linear, kernels)
-    assert odd.amx_weight is None and odd.packed_weight is not None
+    assert odd.tiles is None and odd.packed_weight is not None
     assert (odd.weight is not None) == amx
     x = torch.randn(2, 40, dtype=torch.bfloat16)
     want = (x.float() @ linear.weight.float().T).bfloat16()

@@ -44,6 +44,19 @@ torch::Tensor tile_small_linear_op(const torch::Tensor& x, const torch::Tensor& 
   return out;
 }
 
+torch::Tensor vector_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
+                               const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16,
+              "x must be bfloat16 [M >= 1, K]");
+  check_tiles(packed, x.size(1), "vector_linear");
+  const torch::Tensor rows = x.contiguous();
+  const int64_t M = rows.size(0), K = rows.size(1), N = packed.size(0) * 16;
+  const bf16* bias_ptr = bias_data(bias, N, "vector_linear");
+  auto out = torch::empty({M, N}, x.options());
+  vector_linear(data<bf16>(rows), data<bf16>(packed), bias_ptr, data<bf16>(out), M, N, K);
+  return out;
+}
+
 // [N, K] bf16 -> the AMX tile layout amx_linear reads (N % 32 == 0, K % 32 == 0).
 torch::Tensor amx_pack_weight_op(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
@@ -370,6 +383,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "whether AMX tiles are usable in this process");
   m.def("tile_small_linear", &tile_small_linear_op,
         "x[M<=8,K] @ weight.T (+ bias) over the amx_pack_weight layout, bf16", without_gil);
+  m.def("vector_linear", &vector_linear_op,
+        "x[M,K] @ weight.T (+ bias) over the amx_pack_weight layout, AVX512-BF16, bf16",
+        without_gil);
   m.def("amx_pack_weight", &amx_pack_weight_op, "bf16 [N, K] -> AMX tile layout", without_gil);
   m.def("amx_linear", &amx_linear_op, "x[M, K] @ weight.T (+ bias) on AMX tiles, bf16",
         without_gil);

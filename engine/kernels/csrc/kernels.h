@@ -36,9 +36,16 @@ void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf1
                         int64_t M, int64_t N, int64_t K);
 
 // small_batch_linear over a weight in amx_linear's tile layout (`packed`, below): the same sums
-// up to fp32 summation order, so an AMX CPU needs no row-major copy. N % 32 == 0, K % 32 == 0.
+// up to fp32 summation order, so no CPU needs a row-major copy. N % 32 == 0, K % 32 == 0.
+// Without AMX, 3-8 rows are vector_linear's.
 void tile_small_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out,
                        int64_t M, int64_t N, int64_t K);
+
+// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M (any M >= 1), over the same tile layout
+// (`packed`, below) with AVX512-BF16 vector products: the large-batch path of a CPU without
+// AMX. Each element is one fp32 sum over k in order, so a row's result does not depend on M.
+void vector_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
+                   int64_t N, int64_t K);
 
 // True once this process may use AMX tiles (Linux grants them on request).
 bool amx_available();
