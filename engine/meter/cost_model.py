@@ -187,8 +187,8 @@ class WeightBytes:
     """Bytes of weights one forward pass reads, by the kernel path its rows take.
 
     A linear layer given at most `small_batch_rows` rows runs a matvec kernel that streams the
-    weight as stored for it (a GGUF model's 4/8-bit blocks, else bf16 rows); more rows run the
-    AMX / oneDNN matmul over bf16 (or float32) matrices. The body runs once per step over all
+    weight as stored for it (a GGUF model's 4/8-bit blocks, else bf16 tiles); more rows run the
+    bf16 matmuls (AMX tiles, AVX512-BF16 over the tiles, or oneDNN) or float32 ones. The body runs once per step over all
     new tokens; the LM head runs over the sampling rows only. small_batch_rows = 0: no
     small-batch path (plain torch), every pass reads the *_large bytes. A decode-only step of
     at most `decode_stack_rows` rows runs the body in the decode stack, on the small-batch

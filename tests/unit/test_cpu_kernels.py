@@ -193,6 +193,13 @@ def test_vector_linear_rows_do_not_depend_on_the_batch() -> None:
             assert torch.equal(kernels.vector_linear(x[row : row + 1], packed, None)[0], full[row])
 
 
+def test_vector_linear_of_no_rows_is_empty() -> None:
+    """A step whose rows all skip the LM head multiplies 0 rows."""
+    packed = kernels.amx_pack_weight(torch.randn(64, 96, dtype=torch.bfloat16))
+    out = kernels.vector_linear(torch.empty(0, 96, dtype=torch.bfloat16), packed, None)
+    assert out.shape == (0, 64)
+
+
 def test_vector_linear_refuses_what_is_not_the_tile_layout() -> None:
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="amx_pack_weight"):

@@ -28,7 +28,7 @@ def _linear(n: int, k: int, bias: bool, seed: int) -> nn.Linear:
 
 @pytest.mark.parametrize("which", sorted(KERNELS))
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 33])
+@pytest.mark.parametrize("rows", [0, 1, 3, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 33])
 def test_every_path_matches_fp32_matmul(which: str, bias: bool, rows: int) -> None:
     kernels = KERNELS[which]
     if which == "kernels" and kernels is None:

@@ -46,8 +46,8 @@ torch::Tensor tile_small_linear_op(const torch::Tensor& x, const torch::Tensor& 
 
 torch::Tensor vector_linear_op(const torch::Tensor& x, const torch::Tensor& packed,
                                const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16,
-              "x must be bfloat16 [M >= 1, K]");
+  // M may be 0: a step whose rows all skip the LM head (prompt chunks that sample nothing).
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x must be bfloat16 [M, K]");
   check_tiles(packed, x.size(1), "vector_linear");
   const torch::Tensor rows = x.contiguous();
   const int64_t M = rows.size(0), K = rows.size(1), N = packed.size(0) * 16;

@@ -41,7 +41,7 @@ void small_batch_linear(const bf16* x, const bf16* weight, const bf16* bias, bf1
 void tile_small_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out,
                        int64_t M, int64_t N, int64_t K);
 
-// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M (any M >= 1), over the same tile layout
+// out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), m < M (any M >= 0), over the same tile layout
 // (`packed`, below) with AVX512-BF16 vector products: the large-batch path of a CPU without
 // AMX. Each element is one fp32 sum over k in order, so a row's result does not depend on M.
 void vector_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
