@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 from server_process import ServerProcess
-from serverproc import API_KEY, FAULT_TOKEN_ID
+from serverproc import API_KEY, FAULT_TOKEN_ID, NGRAM_SPEC, OVERLOAD_ARGS
 
 
 @pytest.fixture(scope="session")
@@ -30,16 +31,49 @@ def main_server(server_logs: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="session")
-def priority_server(server_logs: Path) -> Iterator[ServerProcess]:
+def priority_server(priority_server_launched: ServerProcess) -> ServerProcess:
     """A second server: priority scheduling, one request at a time, no fault injection armed
     (the fuzzer must not hit the injected fault, a 500 by design)."""
+    priority_server_launched.wait_ready()
+    return priority_server_launched
+
+
+# Launched, not waited for: the fixture or module that uses one waits for it (wait_ready, or
+# ServerProcess.running, which also stops it at the module's end). Tests that leave the cores
+# idle, or busy with work whose speed they do not depend on, ask for them earlier so that their
+# models load meanwhile: test_liveness's wedged step (its engine sleeps ~15 s) and
+# test_overload's request timeout (12 s, whatever the decode speed).
+
+
+@pytest.fixture(scope="session")
+def priority_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(
         "priority",
         ["--api-key", API_KEY, "--scheduling-policy", "priority", "--max-num-seqs", "1"],
         server_logs,
     )
-    with server.running():
+    try:
         yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def overload_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess("overload", OVERLOAD_ARGS, server_logs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def ngram_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess("ngram", ["--speculative-config", json.dumps(NGRAM_SPEC)], server_logs)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -18,6 +18,13 @@ API_KEY = "sk-meterserve-test"
 # it fails inside the model runner (EngineConfig.debug_fault_token_id).
 FAULT_TOKEN_ID = 13
 
+# test_overload.py's server: one request at a time, at most two queued, requests time out.
+OVERLOAD_TIMEOUT_S = 12
+OVERLOAD_ARGS = ["--max-num-seqs", "1", "--max-waiting-requests", "2", "--request-timeout",
+                 str(OVERLOAD_TIMEOUT_S), "--drain-grace-period", "2"]  # fmt: skip
+# test_speculative_decoding.py's server: n-gram speculative decoding.
+NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
 
 async def engine_info(http: httpx.AsyncClient) -> dict:
     response = await http.get("/debug/engine")

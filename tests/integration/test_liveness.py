@@ -113,8 +113,12 @@ async def test_debug_engine_needs_the_api_key(wedge_server: ServerProcess):
 
 
 async def test_wedged_step_reports_stalled_until_it_clears(
-    wedge_http: httpx.AsyncClient, crash_server: ServerProcess
+    wedge_http: httpx.AsyncClient,
+    crash_server: ServerProcess,
+    overload_server_launched: ServerProcess,
+    ngram_server_launched: ServerProcess,
 ):
+    # The three servers asked for are only launched: their models load while the step hangs.
     assert (await wedge_http.get("/health")).status_code == 200
     hung_prompt = await _prompt_ids(wedge_http, "Hello there") + [HANG_TOKEN_ID]
     body = {"model": MODEL, "prompt": hung_prompt, "max_tokens": 4, "ignore_eos": True}

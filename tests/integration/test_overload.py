@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,22 +17,17 @@ from server_process import ServerProcess
 from serverproc import assert_no_leaked_blocks, metric_value, wait_idle
 
 MODEL = "SmolLM2-135M-Instruct"
-TIMEOUT_S = 12
 # Longer than any of these tests waits: 5,000 tokens take ~22 s even at a quiet single-stream
-# speed of ~230 tok/s (2,000 tokens once finished inside TIMEOUT_S when the thread governor gave
-# the request a free core). Not more: a float32 KV cache (CPUs without bf16) holds ~5,800.
+# speed of ~230 tok/s (2,000 tokens once finished inside the server's 12 s --request-timeout,
+# serverproc.OVERLOAD_TIMEOUT_S, when the thread governor gave the request a free core). Not
+# more: a float32 KV cache (CPUs without bf16) holds ~5,800.
 LONG = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 5000, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def overload_server(server_logs: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(
-        "overload",
-        ["--max-num-seqs", "1", "--max-waiting-requests", "2", "--request-timeout",
-         str(TIMEOUT_S), "--drain-grace-period", "2"],
-        server_logs,
-    )  # fmt: skip
-    with server.running():
+def overload_server(overload_server_launched: ServerProcess) -> Iterator[ServerProcess]:
+    """serverproc.OVERLOAD_ARGS, launched early (conftest); stopped at this module's end."""
+    with overload_server_launched.running() as server:
         yield server
 
 
@@ -82,7 +76,8 @@ async def test_queue_full_gets_429_with_retry_after(http: httpx.AsyncClient):
     assert await metric_value(http, "meterserve_request_rejections_total", reason="queue_full") >= 1
 
 
-async def test_request_timeout(http: httpx.AsyncClient):
+async def test_request_timeout(http: httpx.AsyncClient, priority_server_launched: ServerProcess):
+    # The priority server (conftest) is only launched: it loads while these requests time out.
     async def streamed() -> list[str]:
         async with http.stream("POST", "/v1/completions", json=LONG | {"stream": True}) as r:
             return [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]

@@ -19,16 +19,15 @@ from openai import AsyncOpenAI
 from server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
-SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 PASSAGE = (Path(__file__).resolve().parents[2] / "loadtest/data/gettysburg_address.txt").read_text()
 # SmolLM2 copies this passage word for word, greedily: most drafts are accepted.
 COPY = [{"role": "user", "content": "Copy the following text exactly:\n\n" + PASSAGE[:400]}]
 
 
 @pytest.fixture(scope="module")
-def ngram_server(server_logs: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess("ngram", ["--speculative-config", json.dumps(SPEC)], server_logs)
-    with server.running():
+def ngram_server(ngram_server_launched: ServerProcess) -> Iterator[ServerProcess]:
+    """serverproc.NGRAM_SPEC, launched early (conftest); stopped at this module's end."""
+    with ngram_server_launched.running() as server:
         yield server
 
 

@@ -3,8 +3,9 @@ HTTP, what loglikelihood tasks send) and its `hf` backend on the same weights, b
 must give every (context, choice) pair the same loglikelihood within 1e-3.
 
 The task is our own (tiny_mc.yaml: six questions from tiny_mc.jsonl, no download). Each run is
-lm-eval's own CLI in a subprocess, offline. The server chunks prefill (a 32-token step budget
-over batches of four prompts), so prompt logprobs that span chunks are covered too.
+lm-eval's `simple_evaluate` in a subprocess (lm_eval_run.py), offline. The server chunks prefill
+(a 32-token step budget over batches of four prompts), so prompt logprobs that span chunks are
+covered too.
 """
 
 from __future__ import annotations
@@ -24,20 +25,18 @@ pytest.importorskip("lm_eval", reason="lm-eval-harness is not installed (pip ins
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-TASK = "meterserve_tiny_mc"
 MODEL = "SmolLM2-135M-Instruct"
 TOLERANCE = 1e-3
 RUN_TIMEOUT_S = 300
 
 
-def run_lm_eval(model: str, model_args: dict[str, object], output: Path) -> dict[int, list]:
-    """Run lm-eval's CLI on the task; per document, each choice's [loglikelihood, is_greedy]."""
+def run_lm_eval(model: str, model_args: dict[str, object]) -> dict[int, list]:
+    """lm-eval on the task in a child process (lm_eval_run.py); per document, each choice's
+    [loglikelihood, is_greedy]."""
     args = ",".join(f"{key}={value}" for key, value in model_args.items())
-    command = [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", args]
-    command += ["--tasks", TASK, "--include_path", str(HERE), "--batch_size", "4"]
-    command += ["--log_samples", "--output_path", str(output)]
+    command = [sys.executable, str(HERE / "lm_eval_run.py"), model, args]
     if model == "hf":
-        command += ["--device", "cpu"]
+        command.append("cpu")
     offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run(
         command,
@@ -51,15 +50,8 @@ def run_lm_eval(model: str, model_args: dict[str, object], output: Path) -> dict
     assert done.returncode == 0, (
         f"lm-eval {model} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     )
-    [samples] = output.rglob(f"samples_{TASK}_*.jsonl")
-    results = {}
-    for line in samples.read_text().splitlines():
-        sample = json.loads(line)
-        # resps: one list per choice holding that request's (loglikelihood, is_greedy).
-        results[sample["doc_id"]] = [
-            [float(resp[0][0]), resp[0][1] in (True, "True")] for resp in sample["resps"]
-        ]
-    return results
+    results = json.loads(done.stdout.strip().splitlines()[-1])  # the child's last line
+    return {int(doc_id): choices for doc_id, choices in results.items()}
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
@@ -80,9 +72,8 @@ def test_local_completions_agrees_with_hf_backend(tmp_path: Path) -> None:
                 "num_concurrent": 1,
                 "max_retries": 1,
             },
-            tmp_path / "served",
         )
-    reference = run_lm_eval("hf", {"pretrained": model_dir, "dtype": "float32"}, tmp_path / "hf")
+    reference = run_lm_eval("hf", {"pretrained": model_dir, "dtype": "float32"})
     assert sorted(served) == sorted(reference) == list(range(6))
     worst = 0.0
     for doc_id, choices in reference.items():
