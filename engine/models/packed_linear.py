@@ -5,12 +5,13 @@ more than the matmul at decode batch sizes. So the weight is laid out once at lo
 the native kernels and a shape that tiles evenly (both sizes multiples of 32), that layout is
 amx_pack_weight's tiles, on every CPU:
 - more than SMALL_BATCH_ROWS rows: amx_linear's tile products on an AMX CPU; elsewhere
-  vector_linear's AVX512-BF16 products over the same tiles (AMD EPYC Zen 4, 1.5B shapes: as
-  fast as oneDNN's blocked layout from 16 to 256 rows, see docs/benchmarks.md);
+  vector_linear's AVX512-BF16 products over the same tiles (AMD EPYC Zen 4, 1.5B shapes, one
+  thread: 0.94-1.27x oneDNN's blocked layout from 16 to 256 rows, 1.06-1.71x at 3-8; see
+  docs/benchmarks.md);
 - up to SMALL_BATCH_ROWS rows (single-stream decode, the LM head of a few requests):
   tile_small_linear's AVX512-BF16 dot products over the tiles (on AMX oneDNN streams a packed
   weight at only ~10 GB/s for one row and the tile product is no faster; on Zen 4 oneDNN's
-  one-row products stream ~0.5-0.8x as fast as tile_small_linear's).
+  one- and two-row products run 0.47-0.79x as fast as tile_small_linear's).
 Without the native kernels, or for a shape the tiles do not fit, oneDNN's blocked layout (as
 PyTorch's inductor packs with weight freezing) serves every batch size, plus a row-major copy
 for small_batch_linear on an AMX CPU (oneDNN's one-row products are slowest there). Each layer

@@ -124,7 +124,8 @@ void tile_small_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16
                        int64_t M, int64_t N, int64_t K) {
   // Without AMX, 3-8 rows go faster through vector_linear's register blocks, three weight
   // streams a thread where tile_rows<3..8> has one (AMD EPYC Zen 4, 1.5B shapes, one thread:
-  // 3-4 rows 1.1-1.7x tile_rows, 1-2 rows 0.6-1.0x). AMX CPUs keep tile_rows, as measured there.
+  // 3-4 rows 1.25-1.7x tile_rows on the layers read from memory, 0.8-1.1x on the small ones; 1-2
+  // rows 0.6-1.0x). AMX CPUs keep tile_rows, as measured there.
   if (M > 2 && !amx_available()) return vector_linear(x, packed, bias, out, M, N, K);
   switch (M) {
     case 1: return tile_rows<1>(x, packed, bias, out, N, K);
