@@ -45,35 +45,28 @@ def priority_server(priority_server_launched: ServerProcess) -> ServerProcess:
 # test_overload's request timeout (12 s, whatever the decode speed).
 
 
-@pytest.fixture(scope="session")
-def priority_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(
-        "priority",
-        ["--api-key", API_KEY, "--scheduling-policy", "priority", "--max-num-seqs", "1"],
-        server_logs,
-    )
+def _launched(name: str, args: list[str], server_logs: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(name, args, server_logs)
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def priority_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
+    args = ["--api-key", API_KEY, "--scheduling-policy", "priority", "--max-num-seqs", "1"]
+    yield from _launched("priority", args, server_logs)
 
 
 @pytest.fixture(scope="session")
 def overload_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess("overload", OVERLOAD_ARGS, server_logs)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _launched("overload", OVERLOAD_ARGS, server_logs)
 
 
 @pytest.fixture(scope="session")
 def ngram_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess("ngram", ["--speculative-config", json.dumps(NGRAM_SPEC)], server_logs)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _launched("ngram", ["--speculative-config", json.dumps(NGRAM_SPEC)], server_logs)
 
 
 @pytest.fixture

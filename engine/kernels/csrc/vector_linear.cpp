@@ -1,8 +1,8 @@
 // Products of any number of rows over amx_pack_weight's tile layout with AVX512-BF16 vector
 // instructions, for CPUs without AMX (AMD EPYC Zen 4/5): with it such a CPU keeps the same one
 // layout as an AMX CPU, read by tile_small_linear for a few rows and here for more. Without it
-// a CPU without AMX kept oneDNN's blocked layout, whose one-row products stream half as fast as
-// tile_small_linear's and which the decode stack cannot read.
+// a CPU without AMX kept oneDNN's blocked layout, whose one- and two-row products run 0.5-0.8x
+// as fast as tile_small_linear's (Zen 4) and which the decode stack cannot read.
 //
 // A 16-column slice of the weight is one contiguous run of K / 2 64-byte rows, row q holding
 // the pair (k = 2 q, 2 q + 1) of each of its 16 columns (see tile_matvec.cpp): so a register
@@ -20,7 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "kernels.h"
 #include "vec.h"
@@ -121,8 +121,13 @@ void vector_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* ou
   const int64_t depth = (K / 32 + depth_blocks - 1) / depth_blocks * 32;
   const int64_t chunk_rows =
       std::max<int64_t>(kRows, kChunkBytes / (depth * int64_t(sizeof(bf16))) / kRows * kRows);
-  // One register block's fp32 sums per row block of a chunk, per column block.
-  std::vector<float> partials(depth_blocks > 1 ? chunk_rows * column_blocks * kBlockColumns : 0);
+  // One register block's fp32 sums per row block of a chunk, per column block, only where
+  // K > kDepth: up to chunk_rows x N floats (a 7B's 28,672 x 4,096 gate_up: 128 rows, 14.7 MB),
+  // as many rows as M needs (a decode's few: 8), left uninitialized (the first span writes).
+  const int64_t partial_rows = std::min(chunk_rows, (M + kRows - 1) / kRows * kRows);
+  const int64_t partial_floats =
+      depth_blocks > 1 ? partial_rows * column_blocks * kBlockColumns : 0;
+  std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
   for (int64_t chunk = 0; chunk < M; chunk += chunk_rows) {
     const int64_t chunk_end = std::min(M, chunk + chunk_rows);
     for (int64_t k0 = 0; k0 < K; k0 += depth) {
@@ -130,8 +135,7 @@ void vector_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* ou
 #pragma omp parallel for schedule(static)
       for (int64_t c = 0; c < column_blocks; ++c) {
         const int64_t n_tile = c * kSlices, width = std::min<int64_t>(kSlices, slices - n_tile);
-        float* partial =
-            partials.empty() ? nullptr : partials.data() + c * chunk_rows * kBlockColumns;
+        float* partial = partials ? partials.get() + c * partial_rows * kBlockColumns : nullptr;
         for (int64_t m0 = chunk; m0 < chunk_end; m0 += kRows) {
           const int64_t rows = std::min<int64_t>(kRows, chunk_end - m0);
           float* sums = partial ? partial + (m0 - chunk) * kBlockColumns : nullptr;
