@@ -10,8 +10,8 @@ float32 GGUF path (gguf_matvec_f32, gguf_dequantize_f32), so such a CPU serves a
 blocks. It is built with explicit ISA flags, not -march=native, so it computes the same sums
 on every CPU.
 
-The build runs once per source version and CPU, in $METERSERVE_CACHE_DIR/kernels (default
-~/.cache/meterserve/kernels), guarded by an flock (build_lock.py) so concurrent processes wait
+The build runs once per source version, CPU and checkout, in $METERSERVE_CACHE_DIR/kernels
+(default ~/.cache/meterserve/kernels), guarded by an flock (build_lock.py) so concurrent processes wait
 for one build (~40 s on two cores) instead of racing, and a build killed midway does not leave
 torch's lock file to hang every later start.
 """
@@ -22,6 +22,7 @@ import functools
 import hashlib
 import logging
 import os
+import sys
 from pathlib import Path
 
 from engine.kernels.build_lock import build_lock
@@ -146,6 +147,10 @@ def _source_digest(source_dir: Path, files: list[str], cflags: list[str]) -> str
     for name in files:
         digest.update((source_dir / name).read_bytes())
     digest.update(_cpu_flags().encode())
+    # torch writes the sources' and the environment's absolute paths into build.ninja, so two
+    # checkouts (or venvs) sharing a build directory would each rebuild over the other's build,
+    # and a server starting in one would wait minutes on the other's compile: one each.
+    digest.update(f"{source_dir.resolve()} {sys.prefix}".encode())
     return digest.hexdigest()[:16]
 
 
