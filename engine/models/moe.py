@@ -22,11 +22,11 @@ region each, the weighted sum); elsewhere (float32, no kernels) the same steps i
 
 Expert weights: all experts of a layer in one tensor per matrix, gate_up [E, 2 I, H] (gate
 rows, then up rows) and down [E, H, I], in the serving dtype, filled at load one expert at a
-time, in the layout the matmul reads: AMX tiles (amx_pack_weight's layout per expert,
-[E, N/16, K/32, 16, 16, 2]) when the native kernels serve bfloat16 on an AMX CPU and the sizes
-tile evenly; else row-major (read by vector_grouped_linear's AVX512-BF16 dot products without
-AMX, or one F.linear per expert in torch). One layout only: the tiles also serve
-one-row products (Qwen3-30B-A3B's expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms
+time, in the layout the matmul reads: tiles (amx_pack_weight's layout per expert,
+[E, N/16, K/32, 16, 16, 2]) when the native kernels serve bfloat16 and the sizes tile evenly,
+read by amx_grouped_linear on an AMX CPU and by vector_grouped_linear's AVX512-BF16 products
+elsewhere; else row-major (one F.linear per expert in torch). One layout only: the tiles also
+serve one-row products (Qwen3-30B-A3B's expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms
 per expert at 1 row, as small_batch_linear over row-major rows; F.linear 0.64 ms).
 
 Measured, one bf16 layer on this 2-core AMX CPU (median of 15; tiles vs row-major F.linear):
@@ -86,7 +86,7 @@ class SparseMoE(nn.Module):
         size = (self.num_experts, self.hidden_size, self.intermediate_size)
         self.down_proj = nn.Parameter(torch.empty(size), requires_grad=False)
         # Set by allocate(): the kernels when moe_experts runs the experts (bf16), and whether
-        # they are laid out as AMX tiles (else row-major).
+        # they are laid out as tiles (else row-major, for torch).
         self.kernels = None
         self.tiled = False
         self.num_experts_run = 0
@@ -141,7 +141,7 @@ class SparseMoE(nn.Module):
             and all(s % TILE_DEPTH == 0 for s in sizes)
         )
         self.kernels = kernels if native else None
-        self.tiled = native and kernels.amx_available()
+        self.tiled = native
         for name, (e, n, k) in (
             ("gate_up_proj", self.gate_up_proj_shape),
             ("down_proj", self.down_proj_shape),

@@ -279,49 +279,55 @@ def test_amx_grouped_linear_is_amx_linear_per_expert(columns: int) -> None:
         kernels.amx_grouped_linear(x[:10], packed, torch.tensor([(0, 0, 1)]))
 
 
-def test_vector_grouped_linear_is_each_groups_product_with_its_expert() -> None:
-    """The experts' product without AMX (row-major experts) against the float64 reference:
-    within a bf16 rounding of each output; a row's result is the same, bit for bit, whatever
-    its group's size (one row alone, or 4-row and ragged steps in a group of 70). Groups of 0,
-    1, 2, 3, 5, 17 and 70 rows, experts out of order and repeated."""
+@pytest.mark.parametrize(("columns", "depth"), [(96, 128), (160, 4160)])
+def test_vector_grouped_linear_is_the_dense_kernels_per_expert(columns: int, depth: int) -> None:
+    """The experts' product without AMX, over the tile layout, against the float64 reference
+    (within a bf16 rounding of each output), and bit for bit the dense kernels over that expert
+    alone: a group of more than 2 rows as vector_linear computes it (so each of its rows as
+    that row alone), of 1-2 rows as tile_small_linear. Groups of 0, 1, 2, 3, 5, 17 and 70 rows,
+    experts out of order and repeated; 96 and 160 columns leave items of fewer slices than a
+    register block or a four-slice walk; K 4160 spans three depth blocks."""
     torch.manual_seed(4)
-    experts = torch.randn(5, 96, 128, dtype=torch.bfloat16)
+    weights = [torch.randn(columns, depth, dtype=torch.bfloat16) for _ in range(4)]
+    experts = torch.stack([kernels.amx_pack_weight(w) for w in weights])
     plan = [(3, 1), (0, 0), (2, 2), (2, 3), (1, 5), (0, 17), (3, 70)]
-    x = torch.randn(sum(n for _, n in plan), 128, dtype=torch.bfloat16)
+    x = torch.randn(sum(n for _, n in plan), depth, dtype=torch.bfloat16)
     groups, first = [], 0
     for e, n in plan:
         groups.append((e, first, n))
         first += n
     got = kernels.vector_grouped_linear(x, experts, torch.tensor(groups))
-    assert got.shape == (x.shape[0], 96)
-    for e, first, n in groups:
-        rows = slice(first, first + n)
-        want = x[rows].double() @ experts[e].double().T
-        torch.testing.assert_close(got[rows].double(), want, atol=1e-2, rtol=8e-3)
-        for r in range(first, first + n):
-            alone = kernels.vector_grouped_linear(x[r : r + 1], experts, torch.tensor([(e, 0, 1)]))
-            assert torch.equal(alone[0], got[r])
+    assert got.shape == (x.shape[0], columns)
+    for e, first, n in groups[:1] + groups[2:]:  # every group but the empty one
+        rows = x[first : first + n]
+        want = rows.double() @ weights[e].double().T
+        torch.testing.assert_close(got[first : first + n].double(), want, atol=5e-2, rtol=8e-3)
+        dense = kernels.vector_linear if n > 2 else kernels.tile_small_linear
+        assert torch.equal(got[first : first + n], dense(rows, experts[e], None))
     with pytest.raises(RuntimeError, match="disjoint"):
         kernels.vector_grouped_linear(x, experts, torch.tensor([(0, 5, 4), (1, 0, 4)]))
-    with pytest.raises(RuntimeError, match="N % 16"):
-        kernels.vector_grouped_linear(x, experts[:, :90], torch.tensor([(0, 0, 1)]))
+    with pytest.raises(RuntimeError, match="amx_pack_weight"):
+        kernels.vector_grouped_linear(x, torch.stack(weights), torch.tensor([(0, 0, 1)]))
 
 
 def _one_expert_row(x_row: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x_row [1, K] @ weight.T as moe_experts multiplies a row with this CPU's expert layout."""
+    """x_row [1, K] @ weight.T as moe_experts multiplies a row of a group of more than 2 rows
+    on this CPU: amx_linear's tiles with AMX, else vector_linear's register blocks (a row's
+    result there does not depend on its batch)."""
+    packed = kernels.amx_pack_weight(weight)
     if kernels.amx_available():
-        return kernels.amx_linear(x_row, kernels.amx_pack_weight(weight), None)
-    return kernels.vector_grouped_linear(x_row, weight[None], torch.tensor([(0, 0, 1)]))
+        return kernels.amx_linear(x_row, packed, None)
+    return kernels.vector_linear(x_row, packed, None)
 
 
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
 def test_moe_experts_is_each_pick_through_its_expert_weighted_in_pick_order(weights_dtype) -> None:
     """moe_experts against its plain-torch reference, bit for bit: each (token, pick) row
     through its expert's product (gate_up: amx_linear over the tiles on an AMX CPU, else
-    vector_grouped_linear over row-major experts), the kernels' silu_and_mul, the down
-    product, each weighted product rounded to bf16 when the weights are bf16, the k products
-    summed in pick order in float32 and rounded once. 16 experts, top-8 over 40 tokens: every
-    expert gets more than 2 rows (so its rows run on the tiles, as amx_linear's do), the picks
+    vector_linear over them), the kernels' silu_and_mul, the down product, each weighted
+    product rounded to bf16 when the weights are bf16, the k products summed in pick order in
+    float32 and rounded once. 16 experts, top-8 over 40 tokens: every expert gets more than 2
+    rows (so its rows run as amx_linear's or vector_linear's do, not the 1-2-row walk), the picks
     of a token are out of expert order, and experts 14 and 15 are picked by no token and not
     counted."""
     torch.manual_seed(5)
@@ -350,9 +356,7 @@ def test_moe_experts_is_each_pick_through_its_expert_weighted_in_pick_order(weig
 
 
 def _experts_layout(gate_up, down) -> tuple[torch.Tensor, torch.Tensor]:
-    """The experts stacked as SparseMoE lays them out on this CPU: AMX tiles, else row-major."""
-    if not kernels.amx_available():
-        return torch.stack(gate_up), torch.stack(down)
+    """The experts stacked as SparseMoE lays them out for the kernels: tiles, on every CPU."""
     return (
         torch.stack([kernels.amx_pack_weight(w) for w in gate_up]),
         torch.stack([kernels.amx_pack_weight(w) for w in down]),
@@ -453,7 +457,7 @@ def gil_free_calls() -> dict:
         "draw_whole": (logits, sample_rows, temperature, temperature * 0, uniforms),
     }
     one_group = torch.tensor([[0, 0, rows.shape[0]]])
-    ops["vector_grouped_linear"] = (rows, weight.unsqueeze(0), one_group)
+    ops["vector_grouped_linear"] = (rows, kernels.amx_pack_weight(weight).unsqueeze(0), one_group)
     picks, route_weights = torch.zeros(64, 1, dtype=torch.int64), torch.ones(64, 1)
     ops["moe_experts"] = (
         rows,

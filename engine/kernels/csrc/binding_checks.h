@@ -59,15 +59,6 @@ inline void check_expert_tiles(const torch::Tensor& experts, int64_t K, const ch
   check_tile_layout(experts, 1, K, what, "experts must be [E, ...] of amx_pack_weight layouts");
 }
 
-// A mixture-of-experts layer's weights [E, N, K] row-major (vector_grouped_linear), for x of K
-// columns: N a multiple of 16, K of 32.
-inline void check_expert_rows(const torch::Tensor& experts, int64_t K, const char* what) {
-  TORCH_CHECK(experts.dim() == 3 && experts.scalar_type() == torch::kBFloat16 &&
-                  experts.is_contiguous() && experts.size(1) % 16 == 0 && K % 32 == 0,
-              what, ": experts must be contiguous bfloat16 [E, N, K], N % 16 == 0, K % 32 == 0");
-  TORCH_CHECK(experts.size(2) == K, what, ": K of x and weight differ");
-}
-
 // groups int64 [G, 3] of (expert < E, first_row, num_rows): disjoint, increasing row ranges
 // inside [0, rows).
 inline void check_groups(const torch::Tensor& groups, int64_t E, int64_t rows) {

@@ -106,9 +106,9 @@ torch::Tensor vector_grouped_linear_op(const torch::Tensor& x, const torch::Tens
                                        const torch::Tensor& groups) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be contiguous bfloat16 [R, K]");
-  check_expert_rows(experts, x.size(1), "vector_grouped_linear");
+  check_expert_tiles(experts, x.size(1), "vector_grouped_linear");
   check_groups(groups, experts.size(0), x.size(0));
-  const int64_t N = experts.size(1);
+  const int64_t N = experts.size(1) * 16;
   auto out = torch::empty({x.size(0), N}, x.options());
   vector_grouped_linear(data<bf16>(x), data<bf16>(experts), data<int64_t>(groups),
                         groups.size(0), data<bf16>(out), N, x.size(1));
@@ -393,7 +393,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "groups of rows of x @ their expert's weight.T on AMX tiles (a MoE layer's experts)",
         without_gil);
   m.def("vector_grouped_linear", &vector_grouped_linear_op,
-        "groups of rows of x @ their expert's row-major weight.T, AVX512-BF16 (no AMX)",
+        "groups of rows of x @ their expert's weight.T (tile layout), AVX512-BF16 (no AMX)",
         without_gil);
   m.def("argmax_rows", &argmax_rows_op, "first-maximum argmax of each row", without_gil);
   m.def("top_candidates", &top_candidates_op,

@@ -66,20 +66,18 @@ void amx_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, 
 void amx_grouped_linear(const bf16* x, const bf16* packed, const int64_t* groups,
                         int64_t num_groups, bf16* out, int64_t N, int64_t K);
 
-// amx_grouped_linear without AMX: experts row-major [E, N, K] (N % 16 == 0, K % 32 == 0), x
-// [R, K] with no padding, AVX512-BF16 dot products; a row's result does not depend on how
-// many rows its group has (vector_grouped_linear.cpp).
+// amx_grouped_linear without AMX, over the same tile layout (N % 16 == 0, K % 32 == 0), x
+// [R, K] with no padding: a group of more than 2 rows exactly as vector_linear computes them,
+// of 1-2 rows as tile_small_linear does (vector_grouped_linear.cpp).
 void vector_grouped_linear(const bf16* x, const bf16* weights, const int64_t* groups,
                            int64_t num_groups, bf16* out, int64_t N, int64_t K);
 
 // One mixture-of-experts layer's experts: gate_up [E] of [2 inter, hidden] (gate rows, then up
-// rows), down [E] of [hidden, inter], each in amx_linear's tile layout when `tiled` (AMX),
-// else row-major.
+// rows), down [E] of [hidden, inter], each in amx_linear's tile layout.
 struct MoeExperts {
   const bf16* gate_up;
   const bf16* down;
   int64_t num_experts, hidden, inter;
-  bool tiled;
 };
 
 // moe_experts' working memory for P = tokens * k pairs: rows [P + 32, hidden] and hidden
@@ -91,7 +89,7 @@ struct MoeScratch {
 };
 
 // out[t] = sum over j < k, in order, of weights[t, j] * expert picks[t, j] applied to x[t]
-// (down(silu(gate(x)) * up(x)), each expert's rows as amx_grouped_linear computes them), fp32
+// (down(silu(gate(x)) * up(x)), each expert's rows as the grouped products compute them), fp32
 // sum rounded once to bf16; round_products: each weighted product is first rounded to bf16.
 // picks [tokens, k] in [0, num_experts); weights fp32 [tokens, k]. Returns how many distinct
 // experts ran (the meter's bytes). See moe_experts.cpp.

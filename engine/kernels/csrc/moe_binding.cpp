@@ -1,5 +1,5 @@
-// Binding of moe_experts: check the picks, weights and experts (AMX tiles [E, ...] or row-major
-// [E, N, K]), allocate the scratch.
+// Binding of moe_experts: check the picks, weights and experts (tiles [E, ...]), allocate the
+// scratch.
 #include "moe_binding.h"
 
 #include "binding_checks.h"
@@ -20,16 +20,10 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   TORCH_CHECK(picks.dim() == 2 && picks.size(0) == tokens && picks.scalar_type() == torch::kInt64,
               "picks must be int64 [T, k]");
   TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
-  const bool tiled = gate_up.dim() > 3;  // AMX tiles, else row-major [E, N, K]
-  TORCH_CHECK(!tiled || amx_available(), "AMX is not available to this process");
-  auto check_experts = [tiled](const torch::Tensor& t, int64_t K, const char* what) {
-    return tiled ? check_expert_tiles(t, K, what) : check_expert_rows(t, K, what);
-  };
-  auto rows_of = [tiled](const torch::Tensor& t) { return t.size(1) * (tiled ? 16 : 1); };
-  check_experts(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
-  const int64_t E = gate_up.size(0), inter = rows_of(gate_up) / 2, k = picks.size(1);
-  check_experts(down, inter, "moe_experts down");
-  const int64_t down_rows = rows_of(down);
+  check_expert_tiles(gate_up, hidden, "moe_experts gate_up");  // [E] of [2 inter, hidden]
+  const int64_t E = gate_up.size(0), inter = gate_up.size(1) * 16 / 2, k = picks.size(1);
+  check_expert_tiles(down, inter, "moe_experts down");
+  const int64_t down_rows = down.size(1) * 16;
   TORCH_CHECK(down.size(0) == E && down_rows == hidden,
               "moe_experts: down must be [", E, "] experts of [", hidden, ", ", inter, "]");
   const torch::Tensor pick_ids = picks.contiguous();
@@ -49,7 +43,7 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   const MoeScratch scratch{data<bf16>(rows),        data<bf16>(gate_up_out),
                            data<bf16>(hidden_rows), data<bf16>(expert_out),
                            data<int64_t>(index),    data<int64_t>(index) + pairs};
-  const MoeExperts experts{data<bf16>(gate_up), data<bf16>(down), E, hidden, inter, tiled};
+  const MoeExperts experts{data<bf16>(gate_up), data<bf16>(down), E, hidden, inter};
   torch::Tensor out = bf16_rows(tokens, hidden);
   const int64_t run = moe_experts(data<bf16>(x), data<int64_t>(pick_ids), data<float>(weights32),
                                   round_products, experts, tokens, k, scratch, data<bf16>(out));
@@ -60,7 +54,7 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
 
 void bind_moe(pybind11::module_& m) {
   m.def("moe_experts", &moe_experts_op,
-        "a MoE layer's picked experts (AMX tiles or row-major), weighted and summed per token: "
+        "a MoE layer's picked experts (tile layout), weighted and summed per token: "
         "(out, run)",
         py::call_guard<py::gil_scoped_release>());
 }

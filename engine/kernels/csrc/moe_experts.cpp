@@ -10,8 +10,8 @@
 // bf16 (Qwen3-MoE: a bf16 x bf16 product); the k products summed in pick order in fp32 and
 // rounded once.
 //
-// Experts on AMX tiles (amx_grouped_linear) or, on a CPU without AMX, row-major
-// (vector_grouped_linear): the same steps around either product.
+// Experts in the tile layout, multiplied by amx_grouped_linear on an AMX CPU, else by
+// vector_grouped_linear: the same steps around either product.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -81,7 +81,7 @@ int64_t moe_experts(const bf16* x, const int64_t* picks, const float* weights,
       sort_pairs(picks, pairs, experts.num_experts, scratch.order, scratch.position);
   const int64_t num_groups = static_cast<int64_t>(groups.size()) / 3;
   gather_rows(x, scratch.order, pairs, k, hidden, scratch.rows);
-  const auto grouped_linear = experts.tiled ? amx_grouped_linear : vector_grouped_linear;
+  const auto grouped_linear = amx_available() ? amx_grouped_linear : vector_grouped_linear;
   grouped_linear(scratch.rows, experts.gate_up, groups.data(), num_groups, scratch.gate_up_out,
                  2 * inter, hidden);
   silu_and_mul(scratch.gate_up_out, scratch.hidden, pairs, inter);

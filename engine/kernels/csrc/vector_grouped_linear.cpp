@@ -1,104 +1,88 @@
 // A mixture-of-experts layer's grouped products on a CPU without AMX: each group of rows of x
-// (one expert's tokens, after moe_experts sorted the pairs) by its expert's row-major bf16
-// weight, with AVX512-BF16 dot products (vector_tile.h, as the GGUF panels multiply).
+// (one expert's tokens, after moe_experts sorted the pairs) by its expert's weight in
+// amx_pack_weight's tile layout, the one layout the experts keep on every CPU with the kernels
+// (amx_grouped_linear reads the same tensors on an AMX CPU).
 //
-// The work is split into (group, 16 weight rows) items; each thread takes a run of
-// consecutive items holding about an even share of the rows to multiply, so a decode step's
-// eight one-row experts and a prefill's uneven groups both keep the threads busy to the end.
-// Knowing its next item, a thread fetches that item's weight rows into L2 while it multiplies
-// the current one, in even slices, one before each 4 x 4 tile product (in one burst per
-// quarter item instead, 8 rows an expert ran 1.28x slower: the products and the fetches did
-// not overlap). An item's 16 weight rows (32 KB at K = 1,024) stay in L2 while every row of
-// its group passes over them, four rows of x at a time.
+// The work is split into (group, slices) items, each multiplied on one thread as the dense
+// kernels multiply those columns: a group of 1-2 rows (a decode step's experts) by
+// tile_slices_rows, four slices side by side as tile_small_linear walks them, so each thread
+// streams four runs of weight at once; a larger group by vector_linear's register blocks,
+// three slices an item (vector_slices_rows). Each thread takes a run of consecutive items
+// holding about an even share of the work, so a decode step's eight one-row experts and a
+// prefill's uneven groups both keep the threads busy to the end, and consecutive items of a
+// group stream consecutive slices.
 #include <omp.h>
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "kernels.h"
-#include "vec.h"
-#include "vector_tile.h"
+#include "tile_matvec.h"
+#include "vector_linear.h"
 
 namespace meterserve {
 
 namespace {
 
-constexpr int64_t kItemRows = 16;  // weight rows per work item
+constexpr int64_t kSliceColumns = 16;
+constexpr int64_t kFewRows = 2;     // groups of at most this many rows: tile_slices_rows
+constexpr int64_t kFewSlices = 4;   // slices an item of such a group (tile_rows' walk)
+constexpr int64_t kManySlices = 3;  // slices an item of a larger group (a register block)
 // An item's cost beside its rows of x, for sharing items out: it also streams its weight
 // (not tuned; 2 keeps a decode step's one-row items from counting as nearly free).
 constexpr int64_t kItemCost = 2;
 
-// Item i: weight rows [n0(i), n0(i) + kItemRows) of group i / per_group's expert.
-struct Items {
-  const int64_t* groups;  // [G, 3]: (expert, first row, rows)
-  const bf16* weights;    // [E, N, K]
-  int64_t N, K, per_group;  // per_group: N / kItemRows
-  const int64_t* group(int64_t item) const { return groups + 3 * (item / per_group); }
-  int64_t n0(int64_t item) const { return item % per_group * kItemRows; }
-  const bf16* weight(int64_t item) const { return weights + (group(item)[0] * N + n0(item)) * K; }
-  int64_t cost(int64_t item) const { return group(item)[2] + kItemCost; }
+struct Item {
+  int64_t first_row, rows, n_tile, slices;
+  const bf16* weight;  // the group's expert
+  int64_t cost() const { return rows + kItemCost; }
 };
 
-// Thread t of T's items [first, last): consecutive, about an even share of the total cost.
-std::pair<int64_t, int64_t> share(const Items& items, int64_t count, int t, int T) {
-  int64_t total = 0;
-  for (int64_t item = 0; item < count; ++item) total += items.cost(item);
-  int64_t first = count, done = 0;
-  for (int64_t item = 0; item < count; ++item) {
-    if (first == count && done * T >= total * t) first = item;
-    if (done * T >= total * (t + 1)) return {first, item};
-    done += items.cost(item);
+std::vector<Item> items_of(const bf16* weights, const int64_t* groups, int64_t num_groups,
+                           int64_t N, int64_t K) {
+  std::vector<Item> items;
+  const int64_t slices = N / kSliceColumns;
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t expert = groups[3 * g], first = groups[3 * g + 1], rows = groups[3 * g + 2];
+    const int64_t step = rows <= kFewRows ? kFewSlices : kManySlices;
+    for (int64_t s = 0; rows > 0 && s < slices; s += step)
+      items.push_back({first, rows, s, std::min(step, slices - s), weights + expert * N * K});
   }
-  return {first, count};
+  return items;
 }
 
-// The next item's weight, fetched into L2 in even slices: one slice per call of step().
-class SlicedFetch {
- public:
-  SlicedFetch(const bf16* next, int64_t bytes, int64_t steps)
-      : next_(reinterpret_cast<const char*>(next)),
-        bytes_(next ? bytes : 0),
-        slice_(((bytes + steps - 1) / steps + 63) / 64 * 64) {}
-  void step() {
-    if (fetched_ >= bytes_) return;
-    prefetch_lines_l2(next_ + fetched_, std::min(slice_, bytes_ - fetched_));
-    fetched_ += slice_;
+// Thread t of T's items [first, last): consecutive, about an even share of the total cost.
+std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int T) {
+  int64_t total = 0;
+  for (const Item& item : items) total += item.cost();
+  const int64_t count = static_cast<int64_t>(items.size());
+  int64_t first = count, done = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (first == count && done * T >= total * t) first = i;
+    if (done * T >= total * (t + 1)) return {first, i};
+    done += items[i].cost();
   }
-
- private:
-  const char* next_;
-  int64_t bytes_, slice_, fetched_ = 0;
-};
-
-// out[r, n0 .. n0 + kItemRows) for the group's rows r: 4 x 4 tile products over the item's
-// weight rows w, a fetch slice of the next item before each.
-void multiply_item(const bf16* x, const bf16* w, const int64_t* group, int64_t n0, int64_t N,
-                   int64_t K, bf16* out, SlicedFetch& fetch) {
-  const int64_t end = group[1] + group[2];
-  for (int64_t r = group[1]; r < end; r += 4) {
-    const int64_t rows = std::min<int64_t>(4, end - r);
-    for (int64_t j = 0; j < kItemRows; j += 4) {
-      fetch.step();
-      vector_tile_rows(x + r * K, rows, w + j * K, K, nullptr, out + r * N, N, n0 + j, 4);
-    }
-  }
+  return {first, count};
 }
 
 }  // namespace
 
 void vector_grouped_linear(const bf16* x, const bf16* weights, const int64_t* groups,
                            int64_t num_groups, bf16* out, int64_t N, int64_t K) {
-  const Items items{groups, weights, N, K, N / kItemRows};
-  const int64_t count = num_groups * items.per_group;
+  const std::vector<Item> items = items_of(weights, groups, num_groups, N, K);
 #pragma omp parallel
   {
-    const auto [first, last] = share(items, count, omp_get_thread_num(), omp_get_num_threads());
-    for (int64_t item = first; item < last; ++item) {
-      const int64_t* group = items.group(item);
-      const int64_t products = std::max<int64_t>(1, (group[2] + 3) / 4 * (kItemRows / 4));
-      SlicedFetch fetch(item + 1 < last ? items.weight(item + 1) : nullptr,
-                        kItemRows * K * sizeof(bf16), products);
-      multiply_item(x, items.weight(item), group, items.n0(item), N, K, out, fetch);
+    const auto [first, last] = share(items, omp_get_thread_num(), omp_get_num_threads());
+    for (int64_t i = first; i < last; ++i) {
+      const Item& item = items[i];
+      const bf16* rows = x + item.first_row * K;
+      bf16* rows_out = out + item.first_row * N;
+      if (item.rows <= kFewRows)
+        tile_slices_rows(rows, item.weight, rows_out, item.rows, N, K, item.n_tile, item.slices);
+      else
+        vector_slices_rows(rows, item.weight, rows_out, item.rows, N, K, item.n_tile,
+                           item.slices);
     }
   }
 }

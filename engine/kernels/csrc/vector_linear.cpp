@@ -24,6 +24,7 @@
 
 #include "kernels.h"
 #include "vec.h"
+#include "vector_linear.h"
 
 namespace meterserve {
 namespace {
@@ -109,16 +110,39 @@ void any_block(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, f
   block_rows<1>(x, packed, bias, out, partial, N, K, m0, rows, n_tile, span);
 }
 
+// Even depth blocks of at most kDepth, each a multiple of 32 (K % 32 == 0).
+int64_t depth_block(int64_t K) {
+  const int64_t depth_blocks = (K + kDepth - 1) / kDepth;
+  return (K / 32 + depth_blocks - 1) / depth_blocks * 32;
+}
+
 }  // namespace
+
+void vector_slices_rows(const bf16* x, const bf16* packed, bf16* out, int64_t M, int64_t N,
+                        int64_t K, int64_t n_tile, int64_t num_slices) {
+  const int64_t depth = depth_block(K);
+  // Each row block's fp32 sums between depth blocks: only where K > kDepth.
+  const int64_t partial_floats = depth < K ? (M + kRows - 1) / kRows * kRows * kBlockColumns : 0;
+  std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
+  for (int64_t s = 0; s < num_slices; s += kSlices) {
+    const int64_t width = std::min<int64_t>(kSlices, num_slices - s);
+    for (int64_t k0 = 0; k0 < K; k0 += depth) {
+      const Span span{k0, std::min(K, k0 + depth), k0 == 0, k0 + depth >= K};
+      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+        float* sums = partials ? partials.get() + m0 * kBlockColumns : nullptr;
+        any_block(x, packed, nullptr, out, sums, N, K, m0, std::min<int64_t>(kRows, M - m0),
+                  n_tile + s, width, span);
+      }
+    }
+  }
+}
 
 void vector_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* out, int64_t M,
                    int64_t N, int64_t K) {
   static_assert(kRows == kSmallBatchRows, "edge blocks dispatch through with_small_rows");
   const int64_t slices = N / kSliceColumns;
   const int64_t column_blocks = (slices + kSlices - 1) / kSlices;
-  // Even depth blocks, each a multiple of 32 (K % 32 == 0).
-  const int64_t depth_blocks = (K + kDepth - 1) / kDepth;
-  const int64_t depth = (K / 32 + depth_blocks - 1) / depth_blocks * 32;
+  const int64_t depth = depth_block(K);
   const int64_t chunk_rows =
       std::max<int64_t>(kRows, kChunkBytes / (depth * int64_t(sizeof(bf16))) / kRows * kRows);
   // One register block's fp32 sums per row block of a chunk, per column block, only where
@@ -126,7 +150,7 @@ void vector_linear(const bf16* x, const bf16* packed, const bf16* bias, bf16* ou
   // as many rows as M needs (a decode's few: 8), left uninitialized (the first span writes).
   const int64_t partial_rows = std::min(chunk_rows, (M + kRows - 1) / kRows * kRows);
   const int64_t partial_floats =
-      depth_blocks > 1 ? partial_rows * column_blocks * kBlockColumns : 0;
+      depth < K ? partial_rows * column_blocks * kBlockColumns : 0;
   std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
   for (int64_t chunk = 0; chunk < M; chunk += chunk_rows) {
     const int64_t chunk_end = std::min(M, chunk + chunk_rows);

@@ -1,7 +1,5 @@
-// The AVX512-BF16 product of 1-4 rows of x by four row-major bf16 weight rows, shared by the
-// paths without AMX that multiply row-major bf16 rows: the GGUF panels (gguf_panel.cpp, over a
-// decoded panel, more than 8 rows) and a mixture-of-experts layer's experts
-// (vector_grouped_linear.cpp, every number of rows).
+// The AVX512-BF16 product of 1-4 rows of x by four row-major bf16 weight rows, for the GGUF
+// panels without AMX (gguf_panel.cpp, over a decoded panel, more than 8 rows).
 #pragma once
 
 #include <immintrin.h>
