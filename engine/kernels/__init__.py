@@ -45,6 +45,7 @@ SOURCES = [
     "amx_linear.cpp",
     "moe_experts.cpp",
     "vector_grouped_linear.cpp",
+    "moe_route.cpp",
     "moe_binding.cpp",
     "int8_linear.cpp",
     "int8_linear_binding.cpp",

@@ -12,7 +12,9 @@ It applies only where every piece of such a step already runs on a native kernel
 the CPU-kernel layer ops and attention backend, bias-free linears whose small batches read
 a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in the tile layout or row-major
 (PackedLinear's small-batch path); Qwen3's per-head q/k norms run on the same kernel as in
-the layer loop (rms_norm_heads). Any other step, or model, takes the Python path.
+the layer loop (rms_norm_heads); a mixture-of-experts layer's MLP is its router (such a
+linear), moe_route and moe_experts, the calls SparseMoE.forward makes. Any other step, or
+model, takes the Python path.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from engine.attention.kv_cache import KVCacheTensors
 from engine.attention.metadata import AttentionMetadata
 from engine.models.gguf_linear import GGUFLinear
 from engine.models.layer_ops import KernelLayerOps
+from engine.models.moe import SparseMoE
 from engine.models.packed_linear import SMALL_BATCH_ROWS, PackedLinear
 
 DENSE_KIND = -1  # the native stack's kind for a PackedLinear's row-major bf16 weight
 GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' (ggml type, rows, int8 activations), then blocks
 TILES_KIND = -3  # a PackedLinear's tiles (amx_pack_weight), read by tile_small_linear
+EXPERTS_KIND = -4  # a SparseMoE's experts and routing, in down's place (its router in gate_up's)
 
 
 class DecodeStack:
@@ -49,7 +53,8 @@ class DecodeStack:
         )
 
     def run(self, embeddings: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
-        """Embeddings of the step's rows -> final-normed hidden states, K/V written."""
+        """Embeddings of the step's rows -> (final-normed hidden states, K/V written; the
+        (layer, expert) pairs the step ran, 0 for a dense model)."""
         return self.native.run(
             embeddings,
             positions,
@@ -70,7 +75,8 @@ def build_decode_stack(model, kv_cache: KVCacheTensors, kernels) -> DecodeStack 
         attention = layer.self_attn
         if attention.q_norm is not None:  # Qwen3
             norms += [attention.q_norm.weight, attention.k_norm.weight]
-        linears += [_linear_spec(linear) for linear in _linears(layer)]
+        linears += [_linear_spec(linear) for linear in _linears(layer)[:2]]
+        linears += _mlp_specs(layer.mlp)
     norms.append(model.norm.weight)
     shape = model.shape
     native = kernels.DecodeStack(
@@ -112,7 +118,7 @@ def _eligible(model, kernels) -> bool:
     shape = model.shape
     if kernels is None or model.dtype != torch.bfloat16:
         return False
-    if shape.moe_layers:  # the native layer's MLP is dense; a MoE layer routes per token
+    if not all(_native_experts(layer.mlp) for layer in model.layers):
         return False
     if shape.head_dim % 16 or shape.head_dim > 256:  # paged_decode_attention's head sizes
         return False
@@ -125,9 +131,27 @@ def _eligible(model, kernels) -> bool:
 
 
 def _linears(layer) -> tuple:
-    """A decoder layer's linears in the native stack's order."""
+    """A decoder layer's linears in the native stack's order (a MoE layer's router for its
+    MLP's)."""
     attention, mlp = layer.self_attn, layer.mlp
+    if isinstance(mlp, SparseMoE):
+        return attention.qkv_proj, attention.o_proj, mlp.gate
     return attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _native_experts(mlp) -> bool:
+    """A dense MLP, or a SparseMoE whose experts moe_experts runs (bf16 tiles)."""
+    return not isinstance(mlp, SparseMoE) or (mlp.kernels is not None and mlp.tiled)
+
+
+def _mlp_specs(mlp) -> list:
+    """The native stack's gate_up and down places: a dense MLP's linears, or a SparseMoE's
+    router and (EXPERTS_KIND, its experts and routing)."""
+    if not isinstance(mlp, SparseMoE):
+        return [_linear_spec(mlp.gate_up_proj), _linear_spec(mlp.down_proj)]
+    routing = [mlp.top_k, int(mlp.norm_topk_prob), int(mlp.round_routing_weights)]
+    experts = [mlp.gate_up_proj.detach(), mlp.down_proj.detach(), torch.tensor(routing)]
+    return [_linear_spec(mlp.gate), (EXPERTS_KIND, experts)]
 
 
 def _small_batch_native(linear) -> bool:

@@ -222,8 +222,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config, shape.head_dim, max_positions, dtype)
         # Set by the runner once the KV cache exists (engine/models/decode_stack.py): runs
-        # small decode-only steps' layers in one native call, bit-identical to the loop below.
+        # small decode-only steps' layers in one native call, bit-identical to the loop below;
+        # stack_experts_run: the experts it ran in the last forward (None: the loop ran).
         self.decode_stack = None
+        self.stack_experts_run = None
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -232,7 +234,9 @@ class LlamaForCausalLM(nn.Module):
             hidden = hidden * self.shape.embedding_multiplier
         stack = self.decode_stack
         if stack is not None and stack.takes(meta, hidden.shape[0], kv_cache):
-            return stack.run(hidden, positions, meta)
+            hidden, self.stack_experts_run = stack.run(hidden, positions, meta)
+            return hidden
+        self.stack_experts_run = None
         rope = self.ops.rotary_inputs(self.rotary, positions)
         for layer, key_cache, value_cache in zip(
             self.layers, kv_cache.keys, kv_cache.values, strict=True
@@ -253,6 +257,8 @@ class LlamaForCausalLM(nn.Module):
     def num_experts_run(self) -> int:
         """Distinct (layer, expert) pairs the last forward ran (each read its expert's weights
         once); 0 for a dense model."""
+        if self.stack_experts_run is not None:
+            return self.stack_experts_run
         moe = (layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE))
         return sum(mlp.num_experts_run for mlp in moe)
 

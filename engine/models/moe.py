@@ -188,8 +188,13 @@ class SparseMoE(nn.Module):
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, picks), both [T, k] in top-k order: weights float32, or in the model's
-        dtype where the family rounds them (Qwen3-MoE)."""
+        dtype where the family rounds them (Qwen3-MoE). With the kernels, the same steps in one
+        native call (moe_route, which the decode stack calls too)."""
         logits = self.gate.forward(x)
+        if self.kernels is not None:
+            return self.kernels.moe_route(
+                logits.contiguous(), self.top_k, self.norm_topk_prob, self.round_routing_weights
+            )
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, picks = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

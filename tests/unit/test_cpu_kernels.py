@@ -310,6 +310,31 @@ def test_vector_grouped_linear_is_the_dense_kernels_per_expert(columns: int, dep
         kernels.vector_grouped_linear(x, torch.stack(weights), torch.tensor([(0, 0, 1)]))
 
 
+@pytest.mark.parametrize(("normalize", "round_weights"), [(True, True), (False, False)])
+def test_moe_route_is_softmax_top_k_as_the_router_rounds(normalize, round_weights) -> None:
+    """moe_route against SparseMoE's torch steps (softmax in float32, top-k, renormalized where
+    the family does, rounded to bf16 where it does): the same picks in the same order (logits
+    all different) and weights within a few float32 ulps (its exp is vec.h's, not torch's; one
+    bf16 ulp once rounded). 64 experts, and 20 (a masked tail). A row of equal logits picks the
+    lowest ids first."""
+    torch.manual_seed(6)
+    for experts in (64, 20):
+        # Distinct logits, exactly representable in bf16: multiples of 1/8 in [-4, 4).
+        logits = torch.stack([torch.randperm(experts) for _ in range(9)]) * 0.125 - 4
+        logits = logits.bfloat16()
+        weights, picks = kernels.moe_route(logits, 8, normalize, round_weights)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        want, want_picks = torch.topk(probs, 8, dim=-1)
+        if normalize:
+            want /= want.sum(dim=-1, keepdim=True)
+        assert torch.equal(picks, want_picks)
+        assert weights.dtype == (torch.bfloat16 if round_weights else torch.float32)
+        tolerance = 2**-8 if round_weights else 4e-7
+        torch.testing.assert_close(weights.float(), want, rtol=tolerance, atol=0)
+    weights, picks = kernels.moe_route(torch.zeros(1, 16, dtype=torch.bfloat16), 4, True, False)
+    assert picks.tolist() == [[0, 1, 2, 3]] and weights.tolist() == [[0.25] * 4]
+
+
 def _one_expert_row(x_row: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x_row [1, K] @ weight.T as moe_experts multiplies a row of a group of more than 2 rows
     on this CPU: amx_linear's tiles with AMX, else vector_linear's register blocks (a row's

@@ -226,6 +226,64 @@ def test_bf16_greedy_leaves_hugging_face_only_at_near_ties(family: str, tmp_path
     assert equal >= len(prompts) // 2
 
 
+# Experts of the decode stack's checkpoints: a router of 8 (NUM_EXPERTS) outputs is not a tiled
+# shape, so without AMX (where PackedLinear keeps no row-major copy) it has no small-batch
+# kernel and such a model keeps the layer loop; 32 tile.
+STACK_EXPERTS = 32
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_moe_decode_stack_equals_its_layer_loop(family: str, tmp_path) -> None:
+    """bf16 with the kernels: a MoE layer's router, moe_route and moe_experts run inside the
+    native decode stack as in the layer loop, so greedy and seeded sampled requests give the
+    same tokens and logprobs, bit for bit, with the stack and with it detached, and the meter
+    reads the same experts run at every step. Each family's routing (renormalized or not,
+    rounded to bf16 or not) and a dense layer among sparse ones, with STACK_EXPERTS experts."""
+    config = FAMILIES[family]()
+    setattr(config, "num_local_experts" if family == "mixtral" else "num_experts", STACK_EXPERTS)
+    model = save_random_model(config, tmp_path)
+    # No prefix caching: the second run must prefill as the first did. (A cached prefix leaves
+    # fewer prompt rows to prefill, so experts get other group sizes; the grouped products of
+    # 1-2 rows may differ in the last bit from larger groups', as the dense kernels' do.)
+    llm = LLM(model=str(tmp_path), dtype="bfloat16", enable_prefix_caching=False, **SERVING)
+    runner, ours = llm.engine.runner, llm.engine.runner.model
+    if ours.decode_stack is None:
+        pytest.skip("no native decode stack on this machine")
+    params = [
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=7, temperature=0.9, seed=4, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=2),
+    ]
+    stack, execute = ours.decode_stack, runner.execute
+    stack_rows, experts_run = [], []
+    run = stack.run
+    stack.run = lambda *args: stack_rows.append(args[0].shape[0]) or run(*args)
+
+    def recorded(*args, **kwargs):
+        out = execute(*args, **kwargs)
+        experts_run.append(runner.num_experts_run)
+        return out
+
+    runner.execute = recorded
+    try:
+        with_stack = llm.generate(_prompts()[:3], params)
+        with_stack_runs, experts_run[:] = list(experts_run), []
+        ours.decode_stack = None
+        without = llm.generate(_prompts()[:3], params)
+    finally:
+        ours.decode_stack = stack
+        del runner.execute
+    assert {1, 2, 3} <= set(stack_rows)  # decode steps of 3, 2 and 1 rows ran in the stack
+    for a, b in zip(with_stack, without, strict=True):
+        assert a.token_ids == b.token_ids
+        assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]
+    assert [len(o.token_ids) for o in with_stack] == [9, 7, 5]
+    assert with_stack_runs == experts_run
+    # Each step ran at least top-k experts in every MoE layer, at most all of them.
+    moe_layers = len(moe_layer_indices(model.config))
+    assert all(moe_layers * TOP_K <= n <= moe_layers * STACK_EXPERTS for n in experts_run)
+
+
 def _moe_blocks(llm: LLM) -> list[SparseMoE]:
     return [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoE)]
 

@@ -25,18 +25,32 @@ struct SmallLinear {
   int64_t out_features = 0, in_features = 0;
 };
 
+// A mixture-of-experts MLP (Qwen3-MoE, Mixtral), as SparseMoE.forward runs it: the router, a
+// small linear to one logit per expert, then moe_route and moe_experts.
+struct RoutedMlp {
+  SmallLinear router;
+  MoeExperts experts{};
+  int64_t top_k = 0;
+  bool normalize = false, round_weights = false;
+};
+
 struct DecodeLayer {
   const bf16* input_norm;
   const bf16* post_attention_norm;
   const bf16* q_norm = nullptr;  // [head_dim] each: Qwen3's per-head norms, else nullptr
   const bf16* k_norm = nullptr;
-  SmallLinear qkv, o, gate_up, down;
+  SmallLinear qkv, o, gate_up, down;  // gate_up and down: a dense MLP's
+  bool moe = false;                   // the MLP is `routed` instead
+  RoutedMlp routed;
   bf16* key_cache;  // [slots, num_kv_heads, head_dim]
   bf16* value_cache;
 };
 
 struct DecodeStackShape {
-  int64_t hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim, block_size;
+  // intermediate_size: the dense MLPs' (0 if none); num_experts, top_k, expert_size: the MoE
+  // layers' (0 if none).
+  int64_t hidden_size, intermediate_size, num_experts, top_k, expert_size, num_heads,
+      num_kv_heads, head_dim, block_size;
   float eps, scale;
   const bf16* cos;  // RoPE tables [max_positions, head_dim]
   const bf16* sin;
@@ -60,8 +74,9 @@ struct DecodeStep {
 int64_t decode_stack_max_rows(bool all_gguf);
 
 // hidden [rows, hidden_size]: the embeddings in, the final-normed hidden states out;
-// residual: scratch of the same size (the residual stream).
-void decode_stack(const std::vector<DecodeLayer>& layers, const DecodeStackShape& shape,
+// residual: scratch of the same size (the residual stream). Returns how many (layer, expert)
+// pairs ran (0 for a dense model), as SparseMoE counts them for the meter.
+int64_t decode_stack(const std::vector<DecodeLayer>& layers, const DecodeStackShape& shape,
                   const DecodeStep& step, const bf16* final_norm, bf16* hidden,
                   bf16* residual);
 

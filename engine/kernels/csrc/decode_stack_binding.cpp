@@ -1,6 +1,7 @@
 // DecodeStack: a model's decoder layers as decode_stack reads them, checked once at build time,
 // and the per-step checks of the batch it runs. It keeps a reference to every tensor its raw
 // pointers point into, so the weights and caches outlive it.
+#include <algorithm>
 #include <array>
 #include <tuple>
 #include <vector>
@@ -15,11 +16,15 @@ namespace {
 constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF parts, -3 tiles
 constexpr int64_t kGgufParts = -2;
 constexpr int64_t kTiles = -3;
+constexpr int64_t kExperts = -4;  // in a layer's down place: its MLP is a MoE's
 
 // (kind, tensors): (-1, [weight]) row-major bf16 [out_features, in_features]
 // | (-3, [packed]) bf16 in amx_pack_weight's layout [out / 16, in / 32, 16, 16, 2]
 // | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 3] = (ggml type, rows, int8
-// activations 0 or 1) of each run of one format, blocks_i its bytes as stored in the file.
+// activations 0 or 1) of each run of one format, blocks_i its bytes as stored in the file
+// | (-4, [gate_up, down, routing]): a MoE layer's experts in tiles (moe_experts' layouts)
+// and routing int64 [3] = (top_k, normalize, round_weights); the layer's gate_up spec is
+// then its router (hidden -> one logit per expert).
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
 
 class DecodeStack {
@@ -39,7 +44,7 @@ class DecodeStack {
                     static_cast<int64_t>(norms.size()) == per_layer * num_layers + 1,
                 "DecodeStack: two norms per layer (four with q/k norms) and the final norm");
     TORCH_CHECK(linears.size() == 4 * key_caches.size(),
-                "DecodeStack: four linears per layer (qkv, o, gate_up, down)");
+                "DecodeStack: four linears per layer (qkv, o, gate_up, down; router, experts)");
     TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.is_contiguous() &&
                     sin.is_contiguous() && cos.scalar_type() == torch::kBFloat16 &&
                     sin.scalar_type() == torch::kBFloat16,
@@ -48,9 +53,22 @@ class DecodeStack {
     TORCH_CHECK(head_dim % 16 == 0 && head_dim <= 256 && num_kv_heads >= 1 &&
                     num_heads % num_kv_heads == 0 && block_size >= 1,
                 "DecodeStack: head_dim a multiple of 16 up to 256, heads a multiple of kv heads");
-    const int64_t inter = inputs_of(linears[3]);
-    shape_ = DecodeStackShape{hidden,     inter, num_heads, num_kv_heads, head_dim, block_size,
-                              float(eps), float(scale), data<bf16>(cos), data<bf16>(sin)};
+    int64_t inter = 0, num_experts = 0, top_k = 0, expert_size = 0;
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const auto& [kind, tensors] = linears[4 * i + 3];
+      if (kind != kExperts) {
+        inter = std::max(inter, inputs_of(linears[4 * i + 3]));
+        continue;
+      }
+      const auto [E, size, k] = experts_shape(tensors, hidden);
+      num_experts = std::max(num_experts, E);
+      expert_size = std::max(expert_size, size);
+      top_k = std::max(top_k, k);
+    }
+    shape_ = DecodeStackShape{hidden,      inter,     num_experts,  top_k,
+                              expert_size, num_heads, num_kv_heads, head_dim,
+                              block_size,  float(eps), float(scale), data<bf16>(cos),
+                              data<bf16>(sin)};
     max_positions_ = cos.size(0);
     num_slots_ = key_caches[0].size(0);
     for (int64_t i = 0; i < num_layers; ++i)
@@ -71,8 +89,13 @@ class DecodeStack {
       }
       layer.qkv = linear(linears[4 * i], shape_.qkv_width(), hidden);
       layer.o = linear(linears[4 * i + 1], hidden, q_size);
-      layer.gate_up = linear(linears[4 * i + 2], 2 * inter, hidden);
-      layer.down = linear(linears[4 * i + 3], hidden, inter);
+      if (std::get<0>(linears[4 * i + 3]) == kExperts) {
+        layer.moe = true;
+        layer.routed = routed_mlp(linears[4 * i + 2], std::get<1>(linears[4 * i + 3]), hidden);
+      } else {
+        layer.gate_up = linear(linears[4 * i + 2], 2 * inter, hidden);
+        layer.down = linear(linears[4 * i + 3], hidden, inter);
+      }
       layer.key_cache = cache(key_caches[i]);
       layer.value_cache = cache(value_caches[i]);
       layers_.push_back(layer);
@@ -84,10 +107,13 @@ class DecodeStack {
 
   int64_t max_rows() const { return max_rows_; }
 
-  // hidden: [rows, hidden_size] embeddings, one decode per row -> the final-normed hidden.
-  torch::Tensor run(const torch::Tensor& hidden, const torch::Tensor& positions,
-                    const torch::Tensor& slots, const torch::Tensor& block_tables,
-                    const torch::Tensor& context_lens) const {
+  // hidden: [rows, hidden_size] embeddings, one decode per row -> (the final-normed hidden,
+  // the (layer, expert) pairs run).
+  std::tuple<torch::Tensor, int64_t> run(const torch::Tensor& hidden,
+                                         const torch::Tensor& positions,
+                                         const torch::Tensor& slots,
+                                         const torch::Tensor& block_tables,
+                                         const torch::Tensor& context_lens) const {
     TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) >= 1 && hidden.size(0) <= max_rows_ &&
                     hidden.size(1) == shape_.hidden_size &&
                     hidden.scalar_type() == torch::kBFloat16,
@@ -110,11 +136,13 @@ class DecodeStack {
     auto residual = torch::empty_like(out);
     const DecodeStep step{rows, data<int64_t>(positions), data<int64_t>(slots),
                           data<int64_t>(block_tables), max_blocks, data<int64_t>(context_lens)};
+    int64_t experts_run;
     {
       pybind11::gil_scoped_release no_gil;  // as the single kernels: see bindings.cpp
-      decode_stack(layers_, shape_, step, final_norm_, data<bf16>(out), data<bf16>(residual));
+      experts_run = decode_stack(layers_, shape_, step, final_norm_, data<bf16>(out),
+                                 data<bf16>(residual));
     }
-    return out;
+    return {out, experts_run};
   }
 
  private:
@@ -134,6 +162,38 @@ class DecodeStack {
     TORCH_CHECK(!tensors.empty() && tensors[0].dim() == 2,
                 "DecodeStack: a linear needs a 2-D weight");
     return tensors[0].size(1);
+  }
+
+  // (experts, expert size, top_k) of a MoE layer's (-4) tensors, checked.
+  static std::array<int64_t, 3> experts_shape(const std::vector<torch::Tensor>& t,
+                                              int64_t hidden) {
+    TORCH_CHECK(t.size() == 3, "DecodeStack: experts are (gate_up, down, routing)");
+    check_expert_tiles(t[0], hidden, "DecodeStack experts gate_up");
+    const int64_t E = t[0].size(0), size = t[0].size(1) * 16 / 2;
+    check_expert_tiles(t[1], size, "DecodeStack experts down");
+    TORCH_CHECK(t[1].size(0) == E && t[1].size(1) * 16 == hidden,
+                "DecodeStack: experts' down must be [", E, "] of [", hidden, ", ", size, "]");
+    const torch::Tensor& routing = t[2];
+    TORCH_CHECK(routing.scalar_type() == torch::kInt64 && routing.numel() == 3 &&
+                    routing.is_contiguous(),
+                "DecodeStack: routing must be int64 (top_k, normalize, round_weights)");
+    const int64_t k = data<int64_t>(routing)[0];
+    TORCH_CHECK(k >= 1 && k <= E, "DecodeStack: top_k must be in [1, experts]");
+    return {E, size, k};
+  }
+
+  RoutedMlp routed_mlp(const LinearSpec& router, const std::vector<torch::Tensor>& experts,
+                       int64_t hidden) {
+    const auto [E, size, k] = experts_shape(experts, hidden);
+    RoutedMlp moe;
+    moe.router = linear(router, E, hidden);
+    moe.experts = MoeExperts{data<bf16>(experts[0]), data<bf16>(experts[1]), E, hidden, size};
+    const int64_t* routing = data<int64_t>(experts[2]);
+    moe.top_k = k;
+    moe.normalize = routing[1] != 0;
+    moe.round_weights = routing[2] != 0;
+    for (const auto& t : experts) keep(t);
+    return moe;
   }
 
   void keep(const torch::Tensor& t) { kept_.push_back(t); }
@@ -242,7 +302,8 @@ void bind_decode_stack(pybind11::module_& m) {
       .def_property_readonly("max_rows", &DecodeStack::max_rows,
                              "8, or 16 when every linear is GGUF blocks and AMX is usable")
       .def("run", &DecodeStack::run,
-           "embeddings [rows, hidden] of decode rows -> final-normed hidden states");
+           "embeddings [rows, hidden] of decode rows -> (final-normed hidden states, "
+           "(layer, expert) pairs run)");
 }
 
 }  // namespace meterserve

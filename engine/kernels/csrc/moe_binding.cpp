@@ -50,9 +50,28 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   return {out, run};
 }
 
+// (weights [T, k], picks [T, k]) of logits bf16 [T, E]: weights bf16 where round_weights (as
+// moe_experts then rounds each weighted product), else float32.
+std::tuple<torch::Tensor, torch::Tensor> moe_route_op(const torch::Tensor& logits, int64_t k,
+                                                      bool normalize, bool round_weights) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kBFloat16 &&
+                  logits.is_contiguous(),
+              "logits must be contiguous bfloat16 [T, E]");
+  const int64_t tokens = logits.size(0), E = logits.size(1);
+  TORCH_CHECK(k >= 1 && k <= E, "k must be in [1, E]");
+  auto picks = torch::empty({tokens, k}, logits.options().dtype(torch::kInt64));
+  auto weights = torch::empty({tokens, k}, logits.options().dtype(torch::kFloat32));
+  moe_route(data<bf16>(logits), tokens, E, k, normalize, round_weights, data<int64_t>(picks),
+            data<float>(weights));
+  return {round_weights ? weights.to(torch::kBFloat16) : weights, picks};
+}
+
 }  // namespace
 
 void bind_moe(pybind11::module_& m) {
+  m.def("moe_route", &moe_route_op,
+        "a router's top-k picks from its logits: (weights, picks), as SparseMoE._route states",
+        py::call_guard<py::gil_scoped_release>());
   m.def("moe_experts", &moe_experts_op,
         "a MoE layer's picked experts (tile layout), weighted and summed per token: "
         "(out, run)",
