@@ -36,10 +36,11 @@ two cores stream); Mixtral-8x7B's (8 of 14336, top-2) 35 vs 70 ms at 1 token, 14
 8, 203 vs 202 at 64. The layer is bound by the bytes of the experts it runs. With
 moe_experts (2026-12-06), the bench's Qwen3-MoE layer (64 experts of 512, top-8, hidden 1024)
 at 1 / 8 / 64 / 2,048 tokens: 1.7 / 6.7 / 10.7 / 85 ms, against 2.0 / 7.7 / 13.4 / 132 ms
-through the torch steps over amx_grouped_linear. Without AMX (a 2-core Zen 4 EPYC), 8 experts'
-gate_up and down from memory stream at 27-37 GB/s at one row each and ≈ 27 GB/s at 8, where
-one F.linear per expert was 1.7-1.8x slower at one row; the served model of docs/benchmarks.md
-went from 0.52x to 0.99-1.03x vLLM at 1 client and from 0.79x to 1.52-1.58x at 64.
+through the torch steps over amx_grouped_linear. Without AMX (a 2-core Zen 4 EPYC),
+vector_grouped_linear over the same tiles, the same layer from memory (24 layers' experts, in
+turn) at 1 / 8 / 64 / 512 tokens: 0.8-0.9 / 4.4-4.5 / 7.5-8.3 / 34 ms, against 0.8-1.2 /
+4.1-5.6 / 8.7-10.1 / 51-66 ms over row-major experts (its earlier layout, 4 x 4 dot products);
+one token's 8 experts stream at what a plain read got that hour (≈ 29-30 GB/s).
 """
 
 from __future__ import annotations
