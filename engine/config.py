@@ -47,9 +47,10 @@ class EngineConfig:
     # AMX (docs/benchmarks.md), the inputs' rounding the price. Opt-in: "exact" multiplies the
     # file's exact weights. Larger passes are unchanged.
     gguf_activations: Literal["exact", "int8"] = "exact"
-    # "int8": every bf16 linear but the LM head is quantized at load to int8 per output channel
-    # and multiplied with per-token int8 activations (engine/models/int8_linear.py). Opt-in:
-    # "none" serves the checkpoint's own bf16 weights exactly. Needs bfloat16 and the kernels.
+    # "int8": every bf16 linear but the LM head and MoE routers is quantized at load to int8
+    # per output channel and multiplied with per-token int8 activations
+    # (engine/models/int8_linear.py). Opt-in: "none" serves the checkpoint's own bf16 weights
+    # exactly. Needs bfloat16 and the kernels.
     # "int4": the same layers as Q4_1 blocks (32 weights a group, weight-only), served by the
     # GGUF kernels at every batch size (engine/models/int4_weights.py).
     quantization: Literal["none", "int8", "int4"] = "none"

@@ -151,7 +151,7 @@ class ModelRunner:
         if self.quantization == "int4":  # the layers with a bias, now that it is loaded
             del self.model.on_linear_loaded
             self.num_int4_layers += quantize_linears_int4(
-                self.model, self.dtype, (self.model.lm_head,)
+                self.model, self.dtype, self._kept_in_bf16()
             )
             log.info("%d linear layers quantized to int4 (Q4_1 blocks)", self.num_int4_layers)
         # A GGUF model's linear layers that read the file's blocks with the native kernels.
@@ -181,7 +181,7 @@ class ModelRunner:
         if self.quantization == "int8":
             del self.model.on_linear_loaded
             self.num_int8_layers += quantize_linears(
-                self.model, self.kernels, (self.model.lm_head,), self.int8_input_maxima
+                self.model, self.kernels, self._kept_in_bf16(), self.int8_input_maxima
             )
             log.info(
                 "%d linear layers quantized to int8 (LM head kept in bf16)", self.num_int8_layers
@@ -213,6 +213,14 @@ class ModelRunner:
             )
         if self.kernels is None:
             raise ModelLoadError(f"{flag} needs the native CPU kernels (unavailable)")
+
+    def _kept_in_bf16(self) -> tuple[torch.nn.Module, ...]:
+        """Linears --quantization leaves in bf16: the LM head (tied to the embedding), and
+        each mixture-of-experts router, whose logits pick the experts: a rounding there moves
+        a token to other experts, and it reads a few kilobytes a token (vLLM keeps its gates
+        unquantized too)."""
+        routers = (m.gate for m in self.model.modules() if isinstance(m, SparseMoE))
+        return (self.model.lm_head, *routers)
 
     def _quantize_loaded(self, name: str) -> None:
         if self.quantization == "int4":

@@ -28,6 +28,7 @@ from engine.meter.cost_model import ChunkWork, ModelShape
 from engine.models.layer_ops import make_layer_ops
 from engine.models.llama import LlamaShape
 from engine.models.moe import SparseMoE, moe_layer_indices
+from engine.models.packed_linear import PackedLinear
 from scheduler.sampling_params import SamplingParams
 
 NUM_EXPERTS, TOP_K, EXPERT_SIZE = 8, 2, 32
@@ -282,6 +283,31 @@ def test_moe_decode_stack_equals_its_layer_loop(family: str, tmp_path) -> None:
     # Each step ran at least top-k experts in every MoE layer, at most all of them.
     moe_layers = len(moe_layer_indices(model.config))
     assert all(moe_layers * TOP_K <= n <= moe_layers * STACK_EXPERTS for n in experts_run)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantization_keeps_the_routers_in_bf16(quantization: str, tmp_path) -> None:
+    """--quantization int8/int4 on a MoE checkpoint quantizes the attention linears and leaves
+    each router in bf16 (its logits pick the experts), as the LM head; the model serves. The
+    routers are STACK_EXPERTS wide, a shape both quantizers would otherwise take."""
+    if load_cpu_kernels() is None:
+        pytest.skip("native CPU kernels not available")
+    config = FAMILIES["qwen3_moe"]()
+    config.num_experts = STACK_EXPERTS
+    save_random_model(config, tmp_path)
+    llm = LLM(
+        model=str(tmp_path),
+        dtype="bfloat16",
+        quantization=quantization,
+        int8_smoothing=False,
+        **SERVING,
+    )
+    runner = llm.engine.runner
+    assert all(isinstance(m.gate, PackedLinear) for m in _moe_blocks(llm))
+    quantized = runner.num_int8_layers + runner.num_int4_layers
+    assert quantized == 2 * config.num_hidden_layers  # qkv and o a layer
+    out = llm.generate(_prompts()[:2], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [4, 4]
 
 
 def _moe_blocks(llm: LLM) -> list[SparseMoE]:
