@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import COMMON, EOS, MAX_NEW_TOKENS, prompts, save_random_model
+from tiny_models import COMMON, EOS, MAX_NEW_TOKENS, prompts, save_random_model, stack_params
 from tiny_models import hf_greedy as _hf_greedy
 from transformers import (
     GraniteConfig,
@@ -118,11 +118,7 @@ def test_qwen3_decode_stack_equals_its_layer_loop(tmp_path: Path) -> None:
     model = llm.engine.runner.model
     if model.decode_stack is None:
         pytest.skip("no native decode stack on this machine")
-    params = [
-        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=2),
-        SamplingParams(max_tokens=7, temperature=0.9, seed=4, ignore_eos=True, logprobs=2),
-        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=2),
-    ]
+    params = stack_params()
     stack, steps = model.decode_stack, []
     run = stack.run
     stack.run = lambda *args: steps.append(args[0].shape[0]) or run(*args)

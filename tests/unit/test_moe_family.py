@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from tiny_models import EOS, MAX_NEW_TOKENS, VOCAB, save_random_model
+from tiny_models import EOS, MAX_NEW_TOKENS, VOCAB, save_random_model, stack_params
 from tiny_models import hf_greedy as _hf_greedy
 from tiny_models import prompts as _prompts
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
@@ -250,11 +250,7 @@ def test_moe_decode_stack_equals_its_layer_loop(family: str, tmp_path) -> None:
     runner, ours = llm.engine.runner, llm.engine.runner.model
     if ours.decode_stack is None:
         pytest.skip("no native decode stack on this machine")
-    params = [
-        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=2),
-        SamplingParams(max_tokens=7, temperature=0.9, seed=4, ignore_eos=True, logprobs=2),
-        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=2),
-    ]
+    params = stack_params()
     stack, execute = ours.decode_stack, runner.execute
     stack_rows, experts_run = [], []
     run = stack.run

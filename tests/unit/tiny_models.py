@@ -16,6 +16,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from scheduler.sampling_params import SamplingParams
+
 VOCAB = 211
 EOS = 1
 MAX_NEW_TOKENS = 12
@@ -60,6 +62,16 @@ def save_random_model(config, path: Path, norm_center: float = 1.0):
     model.save_pretrained(path, safe_serialization=True)
     save_tokenizer(path)
     return model
+
+
+def stack_params() -> list[SamplingParams]:
+    """Three requests that leave one by one (9, 7 and 5 tokens), greedy and seeded sampled, with
+    logprobs: a decode stack test's steps of 3, 2 and 1 rows."""
+    return [
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=7, temperature=0.9, seed=4, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=2),
+    ]
 
 
 def prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
