@@ -184,7 +184,8 @@ class ModelRunner:
                 self.model, self.kernels, self._kept_in_bf16(), self.int8_input_maxima
             )
             log.info(
-                "%d linear layers quantized to int8 (LM head kept in bf16)", self.num_int8_layers
+                "%d linear layers quantized to int8 (LM head and routers kept in bf16)",
+                self.num_int8_layers,
             )
         if self.dtype == torch.bfloat16 and packing_available():
             pack_linears(self.model, self.kernels)  # float (safetensors, F16 GGUF) layers

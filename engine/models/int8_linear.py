@@ -1,8 +1,9 @@
 """Int8Linear: a linear layer with int8 weights per output channel and int8 activations per token.
 
 `--quantization int8` (EngineConfig.quantization) swaps every bf16 linear but the LM head and
-mixture-of-experts routers (ModelRunner._kept_in_bf16) for one at load, layer by layer. Decode is bound by streaming weights, so int8 halves a token's
-bytes; larger batches run AMX-INT8 tiles (twice AMX-BF16's peak).
+mixture-of-experts routers (ModelRunner._kept_in_bf16) for one at load, layer by layer.
+Decode is bound by streaming weights, so int8 halves a token's bytes; larger batches run
+AMX-INT8 tiles (twice AMX-BF16's peak), or vpdpbusd without AMX.
 
 Two exact transforms before rounding keep outliers from setting the scales (on the embedded
 SmolLM2-135M plain per-token int8 costs +8.7 % perplexity; with both, +0.6 %, docs/benchmarks.md):

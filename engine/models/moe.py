@@ -15,10 +15,11 @@ A step's (token, expert) pairs are sorted by expert once; each expert that was p
 one matmul over all its tokens' rows (gate_up), the activation runs once over every pair, then
 one matmul per expert again (down). The weighted rows are summed per token over the picks in
 fp32, rounded once: the reduction HF uses (an index_add_ into a bf16 output would round after
-every add). In bf16 with the native kernels all of that after the router is one native call
-(moe_experts.cpp: the sort, the gather, every active expert's two products in one parallel
-region each, the weighted sum); elsewhere (float32, no kernels) the same steps in torch
-(_experts_in_torch).
+every add). In bf16 with the native kernels the routing is one native call (moe_route.cpp, the
+same steps; its exp is not torch's, so a weight may differ from torch's in the last fp32 bit)
+and all of the rest another (moe_experts.cpp: the sort, the gather, every active expert's two
+products in one parallel region each, the weighted sum), the two calls the decode stack makes
+too; elsewhere (float32, no kernels) the same steps in torch (_experts_in_torch).
 
 Expert weights: all experts of a layer in one tensor per matrix, gate_up [E, 2 I, H] (gate
 rows, then up rows) and down [E, H, I], in the serving dtype, filled at load one expert at a

@@ -88,11 +88,6 @@ struct MoeScratch {
   int64_t *order, *position;
 };
 
-// out[t] = sum over j < k, in order, of weights[t, j] * expert picks[t, j] applied to x[t]
-// (down(silu(gate(x)) * up(x)), each expert's rows as the grouped products compute them), fp32
-// sum rounded once to bf16; round_products: each weighted product is first rounded to bf16.
-// picks [tokens, k] in [0, num_experts); weights fp32 [tokens, k]. Returns how many distinct
-// experts ran (the meter's bytes). See moe_experts.cpp.
 // A router's picks: for each of `tokens` rows of logits [tokens, E], the k experts of largest
 // softmax probability in descending order (the lower id first among equal ones) into picks
 // [tokens, k], their probabilities into weights [tokens, k] (fp32), divided by their sum where
@@ -100,6 +95,11 @@ struct MoeScratch {
 void moe_route(const bf16* logits, int64_t tokens, int64_t E, int64_t k, bool normalize,
                bool round_weights, int64_t* picks, float* weights);
 
+// out[t] = sum over j < k, in order, of weights[t, j] * expert picks[t, j] applied to x[t]
+// (down(silu(gate(x)) * up(x)), each expert's rows as the grouped products compute them), fp32
+// sum rounded once to bf16; round_products: each weighted product is first rounded to bf16.
+// picks [tokens, k] in [0, num_experts); weights fp32 [tokens, k]. Returns how many distinct
+// experts ran (the meter's bytes). See moe_experts.cpp.
 int64_t moe_experts(const bf16* x, const int64_t* picks, const float* weights,
                     bool round_products, const MoeExperts& experts, int64_t tokens, int64_t k,
                     const MoeScratch& scratch, bf16* out);
