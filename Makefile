@@ -9,7 +9,7 @@ PORT ?= 8000
 # wheel index (PyPI's Linux torch wheel is the much larger GPU build, which meterserve never uses).
 TORCH_INDEX_URL ?=
 
-.PHONY: serve test install install-test prometheus chromium bench bench-report lint clean
+.PHONY: serve test install install-test kernels prometheus chromium bench bench-report lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +44,16 @@ chromium:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium could not be installed: the console's browser tests will skip"
 
-serve: install
+# The native CPU kernels, compiled for this CPU into the cache (engine/kernels), where the
+# server and the tests load them from. Where they cannot build, both fall back to plain torch.
+kernels: install
+	$(BIN)/python -c "from engine.kernels import load_avx2_kernels, load_cpu_kernels; \
+	  load_cpu_kernels(); load_avx2_kernels()"
+
+serve: install kernels
 	$(BIN)/meterserve serve --host $(HOST) --port $(PORT)
 
-test: install-test prometheus chromium
+test: install-test kernels prometheus chromium
 	$(BIN)/python -m pytest -q tests
 
 bench: install

@@ -72,6 +72,7 @@ HEADERS = [
     "paged_attention_scores.h",
     "tile_matvec.h",
     "vec.h",
+    "vector_linear.h",
     "vector_tile.h",
 ]
 # -march=native is safe: the module is built on the machine that runs it.
