@@ -45,12 +45,13 @@ chromium:
 	  echo "chromium could not be installed: the console's browser tests will skip"
 
 # The native CPU kernels, compiled for this CPU into the cache (engine/kernels), where the
-# server and the tests load them from. Where they cannot build, both fall back to plain torch.
+# tests and the server load them from (a server that finds none builds them as it starts).
+# Where they cannot build, both fall back to plain torch.
 kernels: install
 	$(BIN)/python -c "from engine.kernels import load_avx2_kernels, load_cpu_kernels; \
 	  load_cpu_kernels(); load_avx2_kernels()"
 
-serve: install kernels
+serve: install
 	$(BIN)/meterserve serve --host $(HOST) --port $(PORT)
 
 test: install-test kernels prometheus chromium
