@@ -141,7 +141,7 @@ def _linears(layer) -> tuple:
 
 def _native_experts(mlp) -> bool:
     """A dense MLP, or a SparseMoE whose experts moe_experts runs (bf16 tiles)."""
-    return not isinstance(mlp, SparseMoE) or (mlp.kernels is not None and mlp.tiled)
+    return not isinstance(mlp, SparseMoE) or mlp.tiled
 
 
 def _mlp_specs(mlp) -> list:

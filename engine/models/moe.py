@@ -87,11 +87,15 @@ class SparseMoE(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(size), requires_grad=False)
         size = (self.num_experts, self.hidden_size, self.intermediate_size)
         self.down_proj = nn.Parameter(torch.empty(size), requires_grad=False)
-        # Set by allocate(): the kernels when moe_experts runs the experts (bf16), and whether
-        # they are laid out as tiles (else row-major, for torch).
+        # Set by allocate(): the kernels when moe_experts runs the experts (bf16).
         self.kernels = None
-        self.tiled = False
         self.num_experts_run = 0
+
+    @property
+    def tiled(self) -> bool:
+        """Whether the experts are laid out as tiles: wherever moe_experts runs them (else
+        row-major, for torch)."""
+        return self.kernels is not None
 
     @property
     def bytes_per_expert(self) -> int:
@@ -143,7 +147,6 @@ class SparseMoE(nn.Module):
             and all(s % TILE_DEPTH == 0 for s in sizes)
         )
         self.kernels = kernels if native else None
-        self.tiled = native
         for name, (e, n, k) in (
             ("gate_up_proj", self.gate_up_proj_shape),
             ("down_proj", self.down_proj_shape),
