@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from engine.gguf_config import builds_config, hf_config
 from engine.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
 from engine.gguf_tensors import FLOAT_DTYPES, GGUFBlocks, block_kinds, kind_name, row_bytes
 from engine.loader import (
@@ -41,8 +42,13 @@ from engine.loader import (
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-PERMUTED_ARCHITECTURES = ("llama",)  # q/k rows interleaved by llama.cpp's converter
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite")
+# q/k rows interleaved by llama.cpp's converter (LlamaModel and its subclass GraniteModel).
+PERMUTED_ARCHITECTURES = ("llama", "granite")
+# Architectures whose tokenizer transformers' AutoTokenizer reads from a GGUF.
+TRANSFORMERS_TOKENIZER_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# Norm weights the converter stored as 1 + w (Gemma's RMSNorm scales by 1 + w): w is given back.
+NORM_SHIFTED_ARCHITECTURES = ("gemma2", "gemma3")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -61,20 +67,32 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3's fused q|k|v, our layout
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Where an architecture's tensor means something else (gguf-py's TensorNameMap per arch).
+_ARCH_LAYER_NAMES = {
+    "gemma2": {"ffn_norm": "pre_feedforward_layernorm"},
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm"},
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # Phi-3's fused gate|up, our layout
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# A mixture-of-experts layer's router and stacked experts (Mixtral's llama files, qwen3moe).
+_EXPERT_TENSOR = re.compile(r"blk\.\d+\.ffn_(gate_inp|(gate|up|down|gate_up)_exps)\.weight")
 _IGNORED = ("rope_freqs.weight",)  # llama3 RoPE factors: the config's rope_parameters hold them
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """The Hugging Face parameter name of a GGUF tensor, None for a name we do not map."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
+    if match is None or match.group(2) not in names:
         return None
     layer, part, leaf = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{leaf}"
+    return f"model.layers.{layer}.{names[part]}.{leaf}"
 
 
 class GGUFWeights(Mapping[str, torch.Tensor]):
@@ -85,10 +103,17 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
     reads weights as stored, stacking consecutive parts of one format into one buffer (a fused
     q|k|v or gate|up of one format is one read, into its final memory)."""
 
-    def __init__(self, path: Path, tensors: dict[str, TensorInfo], permuted: dict[str, int]):
+    def __init__(
+        self,
+        path: Path,
+        tensors: dict[str, TensorInfo],
+        permuted: dict[str, int],
+        shifted: frozenset[str] = frozenset(),
+    ):
         self.path = path
         self._tensors = tensors
         self._permuted = permuted  # HF name -> heads whose interleaved rows to undo
+        self._shifted = shifted  # float tensors stored as 1 + w (Gemma's norms)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         info = self._tensors[name]
@@ -99,6 +124,10 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
             tensor = part.dequantize().reshape(info.shape)
         if len(info.shape) == 1 and name in self._permuted:  # a llama q/k bias: by element
             tensor = tensor[_unpermute_order(tensor.shape[0], self._permuted[name])]
+        if name in self._shifted:
+            # Exact where 1 + w lies in [0.5, 2] (Sterbenz), as a norm weight does; the model
+            # then forms 1 + w again, which gives back the stored float.
+            tensor = tensor - 1.0
         return tensor
 
     def __iter__(self) -> Iterator[str]:
@@ -187,7 +216,12 @@ def load_gguf_checkpoint(path: Path, name: str) -> LoadedCheckpoint:
     config, tokenizer = _config_and_tokenizer(path, header)
     check_supported(config)
     permuted = _permuted_tensors(tensors, config) if architecture in PERMUTED_ARCHITECTURES else {}
-    weights = GGUFWeights(path, tensors, permuted)
+    shifted = frozenset(
+        name
+        for name in tensors
+        if architecture in NORM_SHIFTED_ARCHITECTURES and name.endswith("norm.weight")
+    )
+    weights = GGUFWeights(path, tensors, permuted, shifted)
     return LoadedCheckpoint(config, tokenizer, weights, name=name, source=str(path))
 
 
@@ -204,7 +238,12 @@ def _mapped_tensors(header: GGUFHeader) -> dict[str, TensorInfo]:
     served = block_kinds()
     tensors: dict[str, TensorInfo] = {}
     for info in header.tensors:
-        name = hf_name(info.name)
+        name = hf_name(info.name, header.architecture)
+        if _EXPERT_TENSOR.fullmatch(info.name):
+            raise ModelLoadError(
+                f"mixture-of-experts GGUF files are not served ({info.name}); "
+                "serve the model's safetensors checkpoint"
+            )
         if name is None:
             if info.name not in _IGNORED:
                 log.warning("GGUF tensor %s is not used", info.name)
@@ -243,21 +282,50 @@ def metadata_cache_dir(path: Path) -> Path:
 
 
 def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
-    from transformers import AutoConfig, AutoTokenizer
-
     log.info("reading the metadata of %s (first load; cached in %s)", path, meta)
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        config = _read_config(path, header)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF metadata of {path}: {one_line(exc)}") from exc
-    # transformers maps no key to head_dim, so a config class's default would stand (Qwen3's
-    # 128) where the file says otherwise; llama.cpp writes it as attention.key_length.
-    head_dim = header.arch_value("attention.key_length")
-    if head_dim is not None:
-        config.head_dim = int(head_dim)
+    check_supported(config)  # a model we refuse is refused before its vocabulary is parsed
+    try:
+        tokenizer = _read_tokenizer(path, header)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read GGUF metadata of {path}: {one_line(exc)}") from exc
     tmp = meta.with_name(meta.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     publish_dir(tmp, meta)
+
+
+def _read_config(path: Path, header: GGUFHeader):
+    """engine/gguf_config.py's config where it builds one, else transformers'."""
+    if builds_config(header.architecture):
+        return hf_config(header)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    # transformers maps no key to head_dim, so a config class's default would stand (Qwen3's
+    # 128) where the file says otherwise; llama.cpp writes it as attention.key_length.
+    head_dim = header.arch_value("attention.key_length")
+    if head_dim is not None:
+        config.head_dim = int(head_dim)
+    return config
+
+
+def _read_tokenizer(path: Path, header: GGUFHeader):
+    """transformers' tokenizer of the file. For an architecture its GGUF support does not know
+    (granite), the same builders, picked by the file's tokenizer.ggml.model alone."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if header.architecture not in TRANSFORMERS_TOKENIZER_ARCHITECTURES:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
+
+        architecture, tokens, tokenizer_config = get_gguf_tokenizer(str(path))
+        backend, extra = convert_gguf_tokenizer(architecture, tokens)
+        return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -39,6 +39,7 @@ _SCALARS = {
     12: "d",
 }
 _STRING, _ARRAY = 8, 9
+SHORT_ARRAY = 1024  # arrays of numbers up to this length are read (per-layer values)
 
 
 class GGUFFormatError(ValueError):
@@ -57,8 +58,9 @@ class TensorInfo:
 
 @dataclass(frozen=True, slots=True)
 class GGUFHeader:
-    """Scalar metadata (arrays are skipped: only their lengths are kept, as ints) and the
-    tensor index, in file order."""
+    """Scalar metadata, short arrays of numbers as lists (a per-layer pattern), longer or
+    string arrays skipped with only their lengths kept, as ints (a vocabulary), and the tensor
+    index, in file order."""
 
     metadata: dict[str, object]
     tensors: tuple[TensorInfo, ...]
@@ -115,6 +117,8 @@ def _value(file: BinaryIO, value_type: int) -> object:
         return _string(file)
     if value_type == _ARRAY:
         item_type, count = _unpack(file, "<IQ")
+        if item_type in _SCALARS and count <= SHORT_ARRAY:
+            return list(_unpack(file, f"<{count}{_SCALARS[item_type]}"))
         _skip_array(file, item_type, count)
         return count
     if value_type not in _SCALARS:

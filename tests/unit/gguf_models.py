@@ -20,7 +20,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, quants
+from gguf import (
+    GGML_QUANT_SIZES,
+    MODEL_ARCH,
+    GGMLQuantizationType,
+    GGUFReader,
+    GGUFWriter,
+    RopeScalingType,
+    get_tensor_name_map,
+    quants,
+)
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from engine.loader import default_model_path
@@ -32,19 +41,10 @@ QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 # Offsets of the fp16 scale fields in one K-quant block (ggml-common.h).
 _K_SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 _CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-_LAYER = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
+# Architectures whose converter (LlamaModel and its subclasses) interleaves q/k rows.
+PERMUTED = ("llama", "granite")
+# Architectures whose converter stores Gemma's norm weights as 1 + w.
+NORM_SHIFTED = ("gemma2", "gemma3")
 
 
 def tiny_config(arch: str, tied: bool):
@@ -66,41 +66,44 @@ def tiny_config(arch: str, tied: bool):
     )
 
 
-def gguf_name(hf: str) -> str:
-    hf = hf.removeprefix("model.")
-    names = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
-    if hf in names:
-        return names[hf]
-    if hf == "lm_head.weight":
-        return "output.weight"
-    _, layer, rest = hf.split(".", 2)
-    module, leaf = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[module]}.{leaf}"
+def gguf_name(hf: str, arch: str, layers: int) -> str:
+    """The GGUF name llama.cpp's converter gives an HF tensor: gguf-py's TensorNameMap for the
+    architecture, the table convert_hf_to_gguf maps names with."""
+    module, _, leaf = hf.rpartition(".")
+    name = get_tensor_name_map(MODEL_ARCH[arch.upper()], layers).get_name(module)
+    assert name is not None, f"{arch}: no GGUF name for {hf}"
+    return f"{name}.{leaf}"
 
 
-def write_tiny_gguf(path: Path, arch: str, formats: dict[str, T], tied: bool):
+def write_tiny_gguf(path: Path, arch: str, formats: dict[str, T], tied: bool, config=None):
     """A GGUF at path; formats: GGUF tensor role ("attn_q", "token_embd", ...) -> type for
-    2-D weights (default F32). Returns the float32 HF oracle model."""
-    config = tiny_config(arch, tied)
+    2-D weights (default F32); config: the HF config (default: tiny_config's for llama, qwen2
+    and qwen3). Returns the float32 HF oracle model."""
+    config = tiny_config(arch, tied) if config is None else config
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(1)
     rng = np.random.default_rng(3)
     writer = GGUFWriter(str(path), arch)
     _write_metadata(writer, config)
+    _write_family_metadata(writer, config, arch)
     oracle = {}
     for hf, param in model.state_dict().items():
         if tied and hf == "lm_head.weight":
             continue
-        center = 1.0 if hf.endswith("norm.weight") else 0.0
+        norm = hf.endswith("norm.weight")
+        shift = np.float32(1.0 if norm and arch in NORM_SHIFTED else 0.0)
+        center = 1.0 if norm and not shift else 0.0  # Gemma scales by 1 + w: w near 0
         weight = (center + 0.15 * torch.randn(param.shape, generator=gen)).numpy()
-        name = gguf_name(hf)
+        name = gguf_name(hf, arch, config.num_hidden_layers)
         heads = _permute_heads(arch, name, config)
-        stored = weight if heads is None else _permute(weight, heads)
+        stored = weight + shift  # the converter's modify_tensors: Gemma's norms as 1 + w
+        stored = stored if heads is None else _permute(stored, heads)
         kind = formats.get(name.split(".")[-2], T.F32) if weight.ndim == 2 else T.F32
         data, values = _encode(stored, kind, rng)
         writer.add_tensor(name, data, raw_dtype=kind)
-        oracle[hf] = torch.from_numpy(values if heads is None else _reverse_permute(values, heads))
+        values = values if heads is None else _reverse_permute(values, heads)
+        oracle[hf] = torch.from_numpy(values - shift)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -118,11 +121,13 @@ def _write_metadata(writer: GGUFWriter, config) -> None:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_freq_base(_rope(config)["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_key_length(config.head_dim)  # as convert_hf_to_gguf writes head_dim
-    writer.add_value_length(config.head_dim)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    if config.model_type != "granite":  # GraniteModel's converter drops head_dim
+        writer.add_key_length(head_dim)  # as convert_hf_to_gguf writes head_dim
+        writer.add_value_length(head_dim)
     writer.add_vocab_size(config.vocab_size)
     tokens, token_types, merges, chat_template = smollm2_tokenizer_keys()
     writer.add_tokenizer_model("gpt2")
@@ -135,6 +140,34 @@ def _write_metadata(writer: GGUFWriter, config) -> None:
     writer.add_unk_token_id(0)
     writer.add_pad_token_id(EOS)
     writer.add_chat_template(chat_template)
+
+
+def _rope(config) -> dict:
+    """The full-attention layers' RoPE parameters (Gemma 3 keeps one set per layer type)."""
+    params = config.rope_parameters
+    return params.get("full_attention", params)
+
+
+def _write_family_metadata(writer: GGUFWriter, config, arch: str) -> None:
+    """The keys each family's converter class adds (convert_hf_to_gguf's set_gguf_parameters)."""
+    if arch in ("gemma2", "gemma3", "phi3") and getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if arch == "gemma3":
+        full = _rope(config)
+        if full.get("rope_type", "default") != "default":
+            writer.add_rope_scaling_type(RopeScalingType(full["rope_type"]))
+            writer.add_rope_scaling_factor(full["factor"])
+        writer.add_rope_freq_base_swa(config.rope_parameters["sliding_attention"]["rope_theta"])
+    if arch == "phi3":
+        writer.add_rope_scaling_orig_ctx_len(config.original_max_position_embeddings)
+    if arch == "granite":
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
 
 
 @cache
@@ -153,7 +186,7 @@ def smollm2_tokenizer_keys() -> tuple[list[str], list[int], list[str], str]:
 
 
 def _permute_heads(arch: str, name: str, config) -> int | None:
-    if arch != "llama":
+    if arch not in PERMUTED:
         return None
     if ".attn_q." in name:
         return config.num_attention_heads

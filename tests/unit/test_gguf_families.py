@@ -1,0 +1,316 @@
+"""GGUF files of Gemma 2, Gemma 3, Phi-3 and Granite served natively (engine/gguf_config.py).
+
+Tiny random files written as llama.cpp's convert_hf_to_gguf writes them (tests/unit/
+gguf_models.py: names from gguf-py's per-architecture TensorNameMap, Gemma's norms stored as
+1 + w, Granite's q/k rows interleaved as LlamaModel does, each family's metadata keys), in
+block formats of every kind: greedy output in float32 equals Hugging Face `generate` on the
+weights the blocks dequantize to, token for token, on the kernels and on plain torch; the
+config read back from the metadata is the one the file was written from, with llama.cpp's
+rules where the file is silent (Gemma's attention scale, which layers slide).
+
+Checked by hand on 2026-12-07 with llama.cpp's own converter (the llama-cpp-python 0.3.36 sdist)
+on tiny random checkpoints of each family, f32 and q8_0: greedy output equal to HF on the
+original checkpoint (docs/benchmarks.md, "GGUF files of Gemma 2, Gemma 3, Phi-3 and Granite").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+from gguf_models import EOS, VOCAB, T, write_tiny_gguf
+from tiny_models import hf_greedy, prompts
+from transformers import Gemma2Config, Gemma3TextConfig, GraniteConfig, Phi3Config
+
+from engine.gguf_config import hf_config
+from engine.gguf_header import GGUFHeader, TensorInfo, read_header
+from engine.kernels import load_avx2_kernels, load_cpu_kernels
+from engine.llm import LLM
+from engine.loader import ModelLoadError, load_checkpoint
+from scheduler.sampling_params import SamplingParams
+
+WINDOW = 8
+COMMON = {
+    "vocab_size": VOCAB,
+    "hidden_size": 256,  # K-quant rows hold multiples of 256 weights
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": EOS,
+    "pad_token_id": EOS,
+}
+
+# arch -> (HF config, formats by GGUF tensor role, tied LM head). Gemma's attention scale and
+# sliding layers are what llama.cpp derives (query_pre_attn_scalar = head_dim; Gemma 2 slides
+# every other layer from the first, Gemma 3 five of six).
+CASES = {
+    "gemma2": (
+        lambda: Gemma2Config(
+            **COMMON,
+            num_hidden_layers=4,
+            head_dim=64,
+            query_pre_attn_scalar=64,
+            sliding_window=WINDOW,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=4.0,
+        ),
+        {
+            "token_embd": T.Q8_0,
+            "attn_q": T.Q4_K,
+            "attn_k": T.Q4_K,
+            "attn_v": T.Q6_K,
+            "attn_output": T.Q5_K,
+            "ffn_gate": T.Q4_0,
+            "ffn_up": T.Q4_0,
+            "ffn_down": T.Q6_K,
+        },
+        True,
+    ),
+    "gemma3": (
+        lambda: Gemma3TextConfig(
+            **COMMON,
+            num_hidden_layers=6,
+            head_dim=64,
+            query_pre_attn_scalar=64,
+            sliding_window=WINDOW,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+            },
+        ),
+        {
+            "token_embd": T.F16,
+            "attn_q": T.Q5_K,
+            "attn_k": T.Q5_K,
+            "attn_v": T.Q8_0,
+            "attn_output": T.Q4_1,
+            "ffn_gate": T.Q4_K,
+            "ffn_up": T.Q4_K,
+            "ffn_down": T.Q5_0,
+        },
+        True,
+    ),
+    "phi3": (
+        lambda: Phi3Config(
+            **COMMON,
+            num_hidden_layers=2,
+            sliding_window=WINDOW,
+            original_max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+        {
+            "token_embd": T.Q8_0,
+            "output": T.Q6_K,
+            "attn_qkv": T.Q8_0,
+            "attn_output": T.Q5_1,
+            "ffn_up": T.Q4_K,
+            "ffn_down": T.Q5_K,
+        },
+        False,
+    ),
+    "granite": (
+        lambda: GraniteConfig(
+            **COMMON,
+            num_hidden_layers=2,
+            embedding_multiplier=4.0,
+            attention_multiplier=0.05,
+            residual_multiplier=0.6,
+            logits_scaling=2.5,
+            tie_word_embeddings=False,
+        ),
+        {
+            "token_embd": T.Q4_K,
+            "output": T.Q8_0,
+            "attn_q": T.Q4_K,
+            "attn_k": T.Q4_K,
+            "attn_v": T.Q4_1,
+            "attn_output": T.Q8_0,
+            "ffn_gate": T.Q5_K,
+            "ffn_up": T.Q5_K,
+            "ffn_down": T.Q6_K,
+        },
+        False,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory) -> dict[str, tuple[Path, object]]:
+    """arch -> (the file, its float32 HF oracle). The kernels are loaded first, from the real
+    cache: _cache_dir below points the metadata cache at a temporary directory, and a kernel
+    build there would take minutes."""
+    load_cpu_kernels()
+    load_avx2_kernels()
+    root = tmp_path_factory.mktemp("gguf-families")
+    files = {}
+    for arch, (config, formats, tied) in CASES.items():
+        path = root / f"tiny-{arch}.gguf"
+        files[arch] = (path, write_tiny_gguf(path, arch, formats, tied, config()))
+    return files
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch) -> None:
+    monkeypatch.setenv("METERSERVE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "plain-torch"])
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_greedy_equals_hugging_face_float32(gguf_files, arch: str, cpu_kernels: bool) -> None:
+    path, oracle = gguf_files[arch]
+    expected = []
+    for prompt in prompts():  # up to 30 tokens: past the 8-token window
+        tokens, margin = hf_greedy(oracle, prompt)
+        assert margin > 1e-3, f"{arch}: HF's greedy path has a near-tie; pick another seed"
+        expected.append(tokens)
+    llm = LLM(
+        model=str(path),
+        dtype="float32",
+        block_size=4,
+        kv_cache_bytes=1 << 20,
+        max_num_batched_tokens=16,
+        cpu_kernels=cpu_kernels,
+        attention_backend="auto" if cpu_kernels else "batched",
+    )
+    outputs = llm.generate(prompts(), SamplingParams(max_tokens=12, temperature=0.0))
+    assert [o.token_ids for o in outputs] == expected
+    llm.engine.check_invariants()
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_config_is_the_one_written(gguf_files, arch: str) -> None:
+    path, _ = gguf_files[arch]
+    read = load_checkpoint(str(path)).config
+    written = CASES[arch][0]()
+    assert read.model_type == written.model_type
+    keys = [
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "eos_token_id",
+        "query_pre_attn_scalar",
+        "layer_types",
+        "sliding_window",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "rope_parameters",
+        "embedding_multiplier",
+        "attention_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+    ]
+    for key in keys:
+        if hasattr(written, key):
+            want, got = getattr(written, key), getattr(read, key)
+            if isinstance(want, float):
+                assert got == pytest.approx(want, rel=1e-6), key  # stored as float32
+            else:
+                assert got == want, key
+
+
+def _header(arch: str, layers: int, **values) -> GGUFHeader:
+    metadata = {
+        "general.architecture": arch,
+        f"{arch}.block_count": layers,
+        f"{arch}.embedding_length": 512,
+        f"{arch}.feed_forward_length": 1024,
+        f"{arch}.attention.head_count": 4,
+        f"{arch}.attention.key_length": 256,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{arch}.context_length": 128,
+        f"{arch}.rope.freq_base": 10000.0,
+        "tokenizer.ggml.eos_token_id": 1,
+        **{f"{arch}.{k.replace('__', '.')}": v for k, v in values.items()},
+    }
+    return GGUFHeader(metadata, (TensorInfo("token_embd.weight", 0, (32, 512), 0),))
+
+
+def test_gemma_rules_where_the_file_is_silent() -> None:
+    """llama.cpp's rules: the 27B models (46 / 62 layers) scale attention by hidden / heads,
+    the others by head_dim; the sliding period, or a per-layer pattern where the file has one."""
+    assert hf_config(_header("gemma2", 4)).query_pre_attn_scalar == 256
+    assert hf_config(_header("gemma2", 46)).query_pre_attn_scalar == 128
+    assert hf_config(_header("gemma3", 62)).query_pre_attn_scalar == 128
+    s, f = "sliding_attention", "full_attention"
+    windowed = _header("gemma3", 7, attention__sliding_window=8)
+    assert hf_config(windowed).layer_types == [s, s, s, s, s, f, s]
+    pattern = _header("gemma3", 3, attention__sliding_window=8, attention__sliding_window_pattern=3)
+    assert hf_config(pattern).layer_types == [s, s, f]
+    flags = [True, False, False]
+    pattern = _header(
+        "gemma3", 3, attention__sliding_window=8, attention__sliding_window_pattern=flags
+    )
+    assert hf_config(pattern).layer_types == [s, f, f]
+    # Gemma 3 without a window: every layer full; the local RoPE base defaults to HF's 10,000.
+    config = hf_config(_header("gemma3", 2))
+    assert config.layer_types == [f, f]
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+
+
+def test_end_of_turn_ids_end_requests() -> None:
+    """tokenizer.ggml.eot_token_id / eom_token_id join the EOS ids, as llama.cpp stops at them."""
+    header = _header("gemma2", 2)
+    header.metadata["tokenizer.ggml.eot_token_id"] = 7
+    assert hf_config(header).eos_token_id == [1, 7]
+
+
+def test_short_arrays_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "arrays.gguf"
+    writer = GGUFWriter(str(path), "gemma3")
+    writer.add_sliding_window_pattern([True, False, True])
+    writer.add_token_types(list(range(2000)))  # long: only its length is kept
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    _write(writer)
+    metadata = read_header(path).metadata
+    assert metadata["gemma3.attention.sliding_window_pattern"] == [True, False, True]
+    assert metadata["tokenizer.ggml.token_type"] == 2000
+
+
+def test_longrope_phi3_is_refused(tmp_path: Path, gguf_files) -> None:
+    """Phi-3.5 / Phi-4-mini files carry longrope factors: refused in one line, naming it, as
+    their Hugging Face checkpoints are."""
+    path = tmp_path / "longrope.gguf"
+    writer = GGUFWriter(str(path), "phi3")
+    header = read_header(gguf_files["phi3"][0])
+    for key in ("block_count", "embedding_length", "feed_forward_length", "context_length"):
+        writer.add_uint32(f"phi3.{key}", header.arch_value(key))
+    writer.add_uint32("phi3.attention.head_count", 4)
+    writer.add_float32("phi3.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32("phi3.rope.freq_base", 10000.0)
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, 256), dtype=np.float32))
+    writer.add_tensor("rope_factors_long.weight", np.ones(32, dtype=np.float32))
+    _write(writer)
+    with pytest.raises(ModelLoadError) as info:
+        load_checkpoint(str(path))
+    assert "longrope" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_mixture_of_experts_file_is_refused(tmp_path: Path) -> None:
+    """Mixtral's GGUF is a llama file with stacked experts: refused in one line, naming the
+    tensor, before a model without its MLPs could be built."""
+    path = tmp_path / "mixtral.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((4, 64, 32), dtype=np.float32))
+    _write(writer)
+    with pytest.raises(ModelLoadError) as info:
+        load_checkpoint(str(path))
+    message = str(info.value)
+    assert "mixture-of-experts" in message and "blk.0.ffn_gate_exps.weight" in message
+    assert "\n" not in message
+
+
+def _write(writer: GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
