@@ -42,7 +42,16 @@ from engine.loader import (
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite")
+SUPPORTED_ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "granite",
+)
 # q/k rows interleaved by llama.cpp's converter (LlamaModel and its subclass GraniteModel).
 PERMUTED_ARCHITECTURES = ("llama", "granite")
 # Architectures whose tokenizer transformers' AutoTokenizer reads from a GGUF.
@@ -70,6 +79,12 @@ _LAYER_NAMES = {
     "attn_qkv": "self_attn.qkv_proj",  # Phi-3's fused q|k|v, our layout
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
+    # A mixture-of-experts layer (Mixtral's llama files, qwen3moe): the router, and each of
+    # gate, up and down for all experts in one [E, rows, cols] tensor (engine/models/moe.py).
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_exps",
+    "ffn_up_exps": "mlp.experts.up_exps",
+    "ffn_down_exps": "mlp.experts.down_exps",
 }
 # Where an architecture's tensor means something else (gguf-py's TensorNameMap per arch).
 _ARCH_LAYER_NAMES = {
@@ -78,8 +93,9 @@ _ARCH_LAYER_NAMES = {
     "phi3": {"ffn_up": "mlp.gate_up_proj"},  # Phi-3's fused gate|up, our layout
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# A mixture-of-experts layer's router and stacked experts (Mixtral's llama files, qwen3moe).
-_EXPERT_TENSOR = re.compile(r"blk\.\d+\.ffn_(gate_inp|(gate|up|down|gate_up)_exps)\.weight")
+# Experts stored some other way: gate and up fused in one tensor, or one tensor per expert
+# (Mixtral files written before llama.cpp stacked them).
+_EXPERT_TENSOR = re.compile(r"blk\.\d+\.ffn_(gate_up_exps|(gate|up|down)\.\d+)\.weight")
 _IGNORED = ("rope_freqs.weight",)  # llama3 RoPE factors: the config's rope_parameters hold them
 
 
@@ -241,14 +257,15 @@ def _mapped_tensors(header: GGUFHeader) -> dict[str, TensorInfo]:
         name = hf_name(info.name, header.architecture)
         if _EXPERT_TENSOR.fullmatch(info.name):
             raise ModelLoadError(
-                f"mixture-of-experts GGUF files are not served ({info.name}); "
-                "serve the model's safetensors checkpoint"
+                f"unsupported GGUF expert layout ({info.name}): experts are served as "
+                "separate gate, up and down tensors (ffn_gate_exps, ffn_up_exps, ffn_down_exps)"
             )
         if name is None:
             if info.name not in _IGNORED:
                 log.warning("GGUF tensor %s is not used", info.name)
             continue
-        if info.kind not in FLOAT_DTYPES and (info.kind not in served or len(info.shape) != 2):
+        dims = 3 if name.endswith("_exps.weight") else 2  # experts stacked: [E, rows, cols]
+        if info.kind not in FLOAT_DTYPES and (info.kind not in served or len(info.shape) != dims):
             supported = ", ".join(sorted(kind_name(k) for k in served | set(FLOAT_DTYPES)))
             raise ModelLoadError(
                 f"unsupported GGUF tensor type {kind_name(info.kind)} ({info.name}); "
@@ -301,7 +318,7 @@ def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
 
 def _read_config(path: Path, header: GGUFHeader):
     """engine/gguf_config.py's config where it builds one, else transformers'."""
-    if builds_config(header.architecture):
+    if builds_config(header):
         return hf_config(header)
     from transformers import AutoConfig
 

@@ -30,14 +30,21 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def builds_config(architecture: str) -> bool:
-    """Whether this module makes the config of `architecture` (else transformers does)."""
-    return architecture in _BUILDERS
+def builds_config(header: GGUFHeader) -> bool:
+    """Whether this module makes the file's config (else transformers does)."""
+    return header.architecture in _BUILDERS or _is_mixtral(header)
 
 
 def hf_config(header: GGUFHeader):
-    """The Hugging Face config of a GGUF file of an architecture `builds_config` names."""
+    """The Hugging Face config of a GGUF file `builds_config` accepts."""
+    if _is_mixtral(header):
+        return _mixtral(header)
     return _BUILDERS[header.architecture](header)
+
+
+def _is_mixtral(header: GGUFHeader) -> bool:
+    """Mixtral's files are llama files with experts."""
+    return header.architecture == "llama" and bool(header.arch_value("expert_count"))
 
 
 def _common(header: GGUFHeader) -> dict:
@@ -168,4 +175,46 @@ def _granite(header: GGUFHeader):
     )
 
 
-_BUILDERS = {"gemma2": _gemma2, "gemma3": _gemma3, "phi3": _phi3, "granite": _granite}
+def _qwen3moe(header: GGUFHeader):
+    """Every layer a mixture of experts (llama.cpp's qwen3moe has no dense layers), the top-k
+    weights renormalized (its build_moe_ffn's norm_w)."""
+    from transformers import Qwen3MoeConfig
+
+    common = _common(header)
+    expert_size = int(header.arch_value("expert_feed_forward_length"))
+    return Qwen3MoeConfig(
+        **{
+            **common,
+            "intermediate_size": int(header.arch_value("feed_forward_length", 0)) or expert_size,
+        },
+        rope_theta=float(header.arch_value("rope.freq_base", 10000.0)),
+        num_experts=int(header.arch_value("expert_count")),
+        num_experts_per_tok=int(header.arch_value("expert_used_count")),
+        moe_intermediate_size=expert_size,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+
+
+def _mixtral(header: GGUFHeader):
+    """A llama file with experts: feed_forward_length is the experts' size (Mixtral has no
+    dense MLP); no sliding window (llama.cpp applies none to these files)."""
+    from transformers import MixtralConfig
+
+    return MixtralConfig(
+        **_common(header),
+        rope_theta=float(header.arch_value("rope.freq_base", 10000.0)),
+        num_local_experts=int(header.arch_value("expert_count")),
+        num_experts_per_tok=int(header.arch_value("expert_used_count")),
+        sliding_window=None,
+    )
+
+
+_BUILDERS = {
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "phi3": _phi3,
+    "granite": _granite,
+    "qwen3moe": _qwen3moe,
+}

@@ -74,6 +74,14 @@ class GGUFBlocks:
     def nbytes(self) -> int:
         return self.blocks.numel()
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.cols
+
+    def row_range(self, first: int, last: int) -> GGUFBlocks:
+        """Rows [first, last), a view of the same bytes (one expert of a stacked tensor)."""
+        return GGUFBlocks(self.kind, self.blocks[first:last], self.cols)
+
     def take_rows(self, index: torch.Tensor) -> GGUFBlocks:
         return GGUFBlocks(self.kind, self.blocks[index], self.cols)
 

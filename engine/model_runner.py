@@ -91,7 +91,8 @@ def _count_params(model) -> int:
         for m in model.modules()
         if isinstance(m, Int8Linear)
     )
-    return params + gguf + int8
+    experts = sum(m.gguf_expert_params for m in model.modules() if isinstance(m, SparseMoE))
+    return params + gguf + int8 + experts
 
 
 def _module_bytes(module: torch.nn.Module) -> tuple[int, int]:

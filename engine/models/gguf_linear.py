@@ -222,6 +222,13 @@ def prepare_gguf_modules(
                 count += 1
             else:
                 setattr(parent, name, child.to_linear())
+    for module in model.modules():  # a GGUF's experts (SparseMoE.gguf_experts): blocks kept
+        for linear in (x for pair in getattr(module, "gguf_experts", None) or () for x in pair):
+            if native:
+                linear.use_kernels(kernels, False, int8_activations)
+            elif avx2 is not None:
+                linear.use_avx2_kernels(avx2)
+            # else: dequantized per call (no float copy of every expert)
     return count
 
 

@@ -280,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
             names = (n for n in ROUTER_NAMES if loader.has(f"{prefix}{n}"))
             router = next(names, ROUTER_NAMES[0])
             loader.put(f"{prefix}mlp.gate.weight", (f"{prefix}{router}",))
-            mlp.load(prefix, loader.read, loader.has, self.dtype)
+            mlp.load(prefix, loader.read, loader.has, self.dtype, loader.blocks)
         if self.shape.attention_bias:
             sources = LINEAR_SOURCES["self_attn.qkv_proj"]
             loader.put(

@@ -30,6 +30,12 @@ elsewhere; else row-major (one F.linear per expert in torch). One layout only: t
 serve one-row products (Qwen3-30B-A3B's expert shape, 2048 x 768, on this 2-core AMX CPU: 0.47 ms
 per expert at 1 row, as small_batch_linear over row-major rows; F.linear 0.64 ms).
 
+A GGUF file's experts (qwen3moe, Mixtral's llama files) are not copied into that layout: each
+expert keeps its rows of the file's stacked [E, rows, cols] block tensors (load_gguf), as a
+GGUFLinear for gate|up and one for down, and a step runs each active expert through them (the
+torch steps above, routing in torch; the kernels' gguf_linear reads the blocks in bf16). One
+copy of the weights, at the price of a Python call per active expert and matrix.
+
 Measured, one bf16 layer on this 2-core AMX CPU (median of 15; tiles vs row-major F.linear):
 Qwen3-30B-A3B's (128 experts of 768, top-8) 5.0 vs 7.3 ms at 1 token (8 experts run),
 38 vs 54 ms at 8 (53), 103 vs 141 ms at 64 (124: 1.17 GB of experts, about the 12 GB/s these
@@ -53,6 +59,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.gguf_tensors import GGUFBlocks
+from engine.models.gguf_linear import GGUFLinear
 from engine.models.layer_ops import KernelLayerOps
 
 if TYPE_CHECKING:
@@ -89,6 +97,11 @@ class SparseMoE(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(size), requires_grad=False)
         # Set by allocate(): the kernels when moe_experts runs the experts (bf16).
         self.kernels = None
+        # A GGUF file's experts in their stored blocks (load_gguf): per expert, a GGUFLinear
+        # for gate|up and one for down; gate_up_proj / down_proj are then empty. Not child
+        # modules: the meter counts an expert's bytes once per expert run (bytes_per_expert),
+        # not as layers every pass reads; prepare_gguf_modules picks their kernels.
+        self.gguf_experts: tuple[tuple[GGUFLinear, GGUFLinear], ...] | None = None
         self.num_experts_run = 0
 
     @property
@@ -99,17 +112,47 @@ class SparseMoE(nn.Module):
 
     @property
     def bytes_per_expert(self) -> int:
-        """Bytes of one expert's weights (the tiles hold the same values, re-laid out)."""
+        """Bytes of one expert's weights (the tiles hold the same values, re-laid out; a GGUF
+        expert's stored blocks)."""
+        if self.gguf_experts is not None:
+            gate_up, down = self.gguf_experts[0]
+            return gate_up.bytes_read(1) + down.bytes_read(1)
         numel = self.gate_up_proj.numel() + self.down_proj.numel()
         return numel // self.num_experts * self.gate_up_proj.element_size()
 
+    @property
+    def gguf_expert_params(self) -> int:
+        """Weights the GGUF experts hold (parameters elsewhere count them)."""
+        if self.gguf_experts is None:
+            return 0
+        return self.num_experts * 3 * self.intermediate_size * self.hidden_size
+
     # -- loading ----------------------------------------------------------------------------
-    def load(self, prefix: str, read: Callable, has: Callable, dtype: torch.dtype) -> None:
+    def load(
+        self,
+        prefix: str,
+        read: Callable,
+        has: Callable,
+        dtype: torch.dtype,
+        blocks: Callable | None = None,
+    ) -> None:
         """Fill the experts from a checkpoint (our layer prefix "layers.<i>."), one expert at a
-        time. The router is loaded by the model (ROUTER_NAMES). Two layouts on disk: HF's
+        time. The router is loaded by the model (ROUTER_NAMES). Three layouts on disk: HF's
         fused [E, 2I, H] / [E, H, I] tensors (each read whole, then copied expert by expert),
-        or one tensor per expert and matrix (published checkpoints; what transformers 5.24's
-        save_pretrained writes)."""
+        one tensor per expert and matrix (published checkpoints; what transformers 5.24's
+        save_pretrained writes), or a GGUF's gate, up and down tensors [E, I, H] / [E, H, I]
+        (GGUF_EXPERT_NAMES; `blocks(name)` reads one as stored, None when it is not blocks)."""
+        gguf = [f"{prefix}mlp.experts.{m}.weight" for m in GGUF_EXPERT_NAMES]
+        if has(gguf[0]):
+            stored = [blocks(name) if blocks is not None else None for name in gguf]
+            if all(b is not None for b in stored) and not all(b.is_float for b in stored):
+                self.load_gguf(*stored, dtype)
+                return
+            self.allocate(dtype)
+            gate, up, down = (read(name) for name in gguf)
+            for e in range(self.num_experts):
+                self.load_expert(e, gate[e], up[e], down[e])
+            return
         self.allocate(dtype)
         fused = f"{prefix}mlp.experts.gate_up_proj"
         if has(fused):
@@ -156,6 +199,28 @@ class SparseMoE(nn.Module):
             tensor = torch.empty(size, dtype=dtype, device="cpu")
             setattr(self, name, nn.Parameter(tensor, requires_grad=False))
 
+    def load_gguf(self, gate: GGUFBlocks, up: GGUFBlocks, down: GGUFBlocks, dtype) -> None:
+        """A GGUF's experts kept in their stored blocks, one copy: each expert's linears are
+        row ranges of the three tensors read (gate and up two parts of one GGUFLinear)."""
+        size, hidden = self.intermediate_size, self.hidden_size
+        for name, tensor, rows, cols in (
+            ("gate", gate, size, hidden),
+            ("up", up, size, hidden),
+            ("down", down, hidden, size),
+        ):
+            self._check(f"experts' {name}", tensor, (self.num_experts * rows, cols))
+        experts = []
+        for e in range(self.num_experts):
+            parts = [t.row_range(e * size, (e + 1) * size) for t in (gate, up)]
+            gate_up = GGUFLinear(parts, hidden, None, dtype)
+            down_e = GGUFLinear([down.row_range(e * hidden, (e + 1) * hidden)], size, None, dtype)
+            experts.append((gate_up, down_e))
+        self.gguf_experts = tuple(experts)
+        self.kernels = None  # moe_experts reads tiles; these experts go through their GGUFLinears
+        empty = torch.empty(0, dtype=dtype)
+        self.gate_up_proj = nn.Parameter(empty, requires_grad=False)
+        self.down_proj = nn.Parameter(empty.clone(), requires_grad=False)
+
     def load_expert(self, e: int, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
         """Write expert e's gate [I, H], up [I, H] and down [H, I] (any float dtype)."""
         size = self.intermediate_size
@@ -175,7 +240,7 @@ class SparseMoE(nn.Module):
         matrix[first : first + tiles.shape[0]].copy_(tiles)
 
     @staticmethod
-    def _check(name: str, tensor: torch.Tensor, want) -> None:
+    def _check(name: str, tensor, want) -> None:
         if tuple(tensor.shape) != tuple(want):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(want)}")
 
@@ -219,22 +284,29 @@ class SparseMoE(nn.Module):
         rows = x.index_select(0, order // k)  # [T k, H], sorted by expert
         active = [(e, n) for e, n in enumerate(counts) if n]
         self.num_experts_run = len(active)
-        hidden = self.ops.silu_and_mul(_per_expert(self.gate_up_proj, rows, active))
-        out = _per_expert(self.down_proj, hidden, active)
+        if self.gguf_experts is None:
+            gate_up = [lambda r, w=w: F.linear(r, w) for w in self.gate_up_proj]
+            down = [lambda r, w=w: F.linear(r, w) for w in self.down_proj]
+        else:
+            gate_up, down = zip(*self.gguf_experts, strict=True)
+        hidden = self.ops.silu_and_mul(_per_expert(gate_up, rows, active))
+        out = _per_expert(down, hidden, active)
         weighted = out * weights.flatten().index_select(0, order).unsqueeze(1)
         by_pair = torch.empty_like(weighted).index_copy_(0, order, weighted)
         return by_pair.view(num_tokens, k, -1).sum(dim=1).to(x.dtype)
 
 
-def _per_expert(weight: torch.Tensor, rows: torch.Tensor, active) -> torch.Tensor:
-    """rows (sorted by expert) @ their expert's matrix.T, one matmul per active expert."""
+def _per_expert(linears, rows: torch.Tensor, active) -> torch.Tensor:
+    """rows (sorted by expert) through their expert's linear, one call per active expert."""
     pieces, first = [], 0
     for e, n in active:
-        pieces.append(F.linear(rows[first : first + n], weight[e]))
+        pieces.append(linears[e](rows[first : first + n]))
         first += n
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
+# A GGUF's expert tensors as gguf_checkpoint names them under <layer>.mlp.experts.
+GGUF_EXPERT_NAMES = ("gate_exps", "up_exps", "down_exps")
 # The router's checkpoint names under a layer: Qwen3-MoE and transformers 5, then Mixtral's.
 ROUTER_NAMES = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
 

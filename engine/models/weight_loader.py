@@ -60,6 +60,16 @@ class WeightLoader:
             s in self.names and is_blocks(self.names[s]) for s in sources
         )
 
+    def blocks(self, name: str):
+        """A GGUF tensor as stored (GGUFBlocks, float kinds too), its rows stacked over any
+        leading dimensions; None for a checkpoint that is not a GGUF file."""
+        if getattr(self.weights, "read_blocks", None) is None:
+            return None
+        if name not in self.names:
+            raise ValueError(f"weight missing from checkpoint: {name}")
+        (stored,) = self.weights.read_blocks([self.names[name]])
+        return stored
+
     def _put_blocks(self, ours: str, sources: tuple[str, ...]) -> None:
         """Linear `ours` ("....qkv_proj.weight") <- a GGUFLinear over the sources' blocks."""
         module_name, _, leaf = ours.rpartition(".")

@@ -95,15 +95,20 @@ def write_tiny_gguf(path: Path, arch: str, formats: dict[str, T], tied: bool, co
         shift = np.float32(1.0 if norm and arch in NORM_SHIFTED else 0.0)
         center = 1.0 if norm and not shift else 0.0  # Gemma scales by 1 + w: w near 0
         weight = (center + 0.15 * torch.randn(param.shape, generator=gen)).numpy()
-        name = gguf_name(hf, arch, config.num_hidden_layers)
-        heads = _permute_heads(arch, name, config)
-        stored = weight + shift  # the converter's modify_tensors: Gemma's norms as 1 + w
-        stored = stored if heads is None else _permute(stored, heads)
-        kind = formats.get(name.split(".")[-2], T.F32) if weight.ndim == 2 else T.F32
-        data, values = _encode(stored, kind, rng)
-        writer.add_tensor(name, data, raw_dtype=kind)
-        values = values if heads is None else _reverse_permute(values, heads)
-        oracle[hf] = torch.from_numpy(values - shift)
+        values = []
+        for piece, part in _pieces(hf, weight):
+            name = gguf_name(piece, arch, config.num_hidden_layers)
+            heads = _permute_heads(arch, name, config)
+            stored = part + shift  # the converter's modify_tensors: Gemma's norms as 1 + w
+            stored = stored if heads is None else _permute(stored, heads)
+            kind = formats.get(name.split(".")[-2], T.F32) if part.ndim >= 2 else T.F32
+            data, stored_values = _encode(stored, kind, rng)
+            writer.add_tensor(name, data, raw_dtype=kind)
+            values.append(
+                stored_values if heads is None else _reverse_permute(stored_values, heads)
+            )
+        joined = values[0] if len(values) == 1 else np.concatenate(values, axis=1)
+        oracle[hf] = torch.from_numpy(joined - shift)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -142,6 +147,22 @@ def _write_metadata(writer: GGUFWriter, config) -> None:
     writer.add_chat_template(chat_template)
 
 
+def _pieces(hf: str, weight: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The tensors the converter writes for one HF tensor: transformers 5's fused experts
+    [E, 2I, H] split into gate and up ([E, I, H] each, names TensorNameMap maps to
+    ffn_gate_exps / ffn_up_exps), its down_proj as ffn_down_exps; anything else as it is."""
+    if hf.endswith("mlp.experts.gate_up_proj"):
+        half = weight.shape[1] // 2
+        base = hf.removesuffix("gate_up_proj")
+        return [
+            (f"{base}gate_proj.weight", weight[:, :half]),
+            (f"{base}up_proj.weight", weight[:, half:]),
+        ]
+    if hf.endswith("mlp.experts.down_proj"):
+        return [(f"{hf}.weight", weight)]
+    return [(hf, weight)]
+
+
 def _rope(config) -> dict:
     """The full-attention layers' RoPE parameters (Gemma 3 keeps one set per layer type)."""
     params = config.rope_parameters
@@ -163,6 +184,12 @@ def _write_family_metadata(writer: GGUFWriter, config, arch: str) -> None:
         writer.add_rope_freq_base_swa(config.rope_parameters["sliding_attention"]["rope_theta"])
     if arch == "phi3":
         writer.add_rope_scaling_orig_ctx_len(config.original_max_position_embeddings)
+    if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
+        experts = getattr(config, "num_local_experts", None) or config.num_experts
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        if arch == "qwen3moe":
+            writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == "granite":
         writer.add_attention_scale(config.attention_multiplier)
         writer.add_embedding_scale(config.embedding_multiplier)
@@ -208,7 +235,13 @@ def _reverse_permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _encode(weight: np.ndarray, kind: T, rng) -> tuple[np.ndarray, np.ndarray]:
-    """(the bytes or floats to store, the float32 values they hold)."""
+    """(the bytes or floats to store, the float32 values they hold); stacked experts
+    [E, rows, cols] row by row, as 2-D."""
+    if weight.ndim == 3:
+        data, values = _encode(
+            np.ascontiguousarray(weight).reshape(-1, weight.shape[-1]), kind, rng
+        )
+        return data.reshape(*weight.shape[:2], -1), values.reshape(weight.shape)
     if kind == T.F32:
         return weight.astype(np.float32), weight.astype(np.float32)
     if kind == T.F16:

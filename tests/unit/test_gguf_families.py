@@ -22,13 +22,21 @@ import pytest
 from gguf import GGUFWriter
 from gguf_models import EOS, VOCAB, T, write_tiny_gguf
 from tiny_models import hf_greedy, prompts
-from transformers import Gemma2Config, Gemma3TextConfig, GraniteConfig, Phi3Config
+from transformers import (
+    Gemma2Config,
+    Gemma3TextConfig,
+    GraniteConfig,
+    MixtralConfig,
+    Phi3Config,
+    Qwen3MoeConfig,
+)
 
 from engine.gguf_config import hf_config
 from engine.gguf_header import GGUFHeader, TensorInfo, read_header
 from engine.kernels import load_avx2_kernels, load_cpu_kernels
 from engine.llm import LLM
 from engine.loader import ModelLoadError, load_checkpoint
+from engine.models.moe import SparseMoE
 from scheduler.sampling_params import SamplingParams
 
 WINDOW = 8
@@ -136,7 +144,57 @@ CASES = {
         },
         False,
     ),
+    # Experts stacked per layer ([E, rows, cols], as the converter writes them), in blocks of
+    # other formats than the layer's attention; every expert picked by some prompt token.
+    "qwen3moe": (
+        lambda: Qwen3MoeConfig(
+            **COMMON,
+            num_hidden_layers=2,
+            head_dim=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=512,
+            norm_topk_prob=True,
+            tie_word_embeddings=True,
+        ),
+        {
+            "token_embd": T.Q8_0,
+            "attn_q": T.Q4_K,
+            "attn_k": T.Q4_K,
+            "attn_v": T.Q6_K,
+            "attn_output": T.Q8_0,
+            "ffn_gate_inp": T.F32,
+            "ffn_gate_exps": T.Q4_K,
+            "ffn_up_exps": T.Q5_0,
+            "ffn_down_exps": T.Q6_K,
+        },
+        True,
+    ),
+    "mixtral": (
+        lambda: MixtralConfig(
+            **{**COMMON, "intermediate_size": 256},
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=None,
+            tie_word_embeddings=False,
+        ),
+        {
+            "token_embd": T.Q4_K,
+            "output": T.Q6_K,
+            "attn_q": T.Q4_K,
+            "attn_k": T.Q4_K,
+            "attn_v": T.Q8_0,
+            "attn_output": T.Q5_K,
+            "ffn_gate_exps": T.Q4_1,
+            "ffn_up_exps": T.Q4_1,
+            "ffn_down_exps": T.Q8_0,
+        },
+        False,
+    ),
 }
+# The architecture a case's file states: Mixtral's files are llama files with experts.
+ARCH = {"mixtral": "llama"}
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +206,9 @@ def gguf_files(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     load_avx2_kernels()
     root = tmp_path_factory.mktemp("gguf-families")
     files = {}
-    for arch, (config, formats, tied) in CASES.items():
-        path = root / f"tiny-{arch}.gguf"
-        files[arch] = (path, write_tiny_gguf(path, arch, formats, tied, config()))
+    for case, (config, formats, tied) in CASES.items():
+        path = root / f"tiny-{case}.gguf"
+        files[case] = (path, write_tiny_gguf(path, ARCH.get(case, case), formats, tied, config()))
     return files
 
 
@@ -294,18 +352,37 @@ def test_longrope_phi3_is_refused(tmp_path: Path, gguf_files) -> None:
     assert "longrope" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_mixture_of_experts_file_is_refused(tmp_path: Path) -> None:
-    """Mixtral's GGUF is a llama file with stacked experts: refused in one line, naming the
-    tensor, before a model without its MLPs could be built."""
-    path = tmp_path / "mixtral.gguf"
+def test_experts_stay_in_their_blocks(gguf_files) -> None:
+    """A GGUF's experts are served from the file's blocks (one copy), and the meter's bytes
+    per expert run are those blocks'."""
+    path, _ = gguf_files["qwen3moe"]
+    llm = LLM(model=str(path), dtype="bfloat16", kv_cache_bytes=1 << 20)
+    moe = [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoE)]
+    assert len(moe) == 2 and all(m.gguf_experts is not None for m in moe)
+    gate_up, down = moe[0].gguf_experts[3]
+    stored = read_header(path)
+    kinds = {t.name: t.kind for t in stored.tensors}
+    assert [p.kind for p in gate_up.parts] == [kinds["blk.0.ffn_gate_exps.weight"], T.Q5_0]
+    assert [p.kind for p in down.parts] == [T.Q6_K]
+    expert = sum(p.nbytes for p in gate_up.parts) + down.parts[0].nbytes
+    assert llm.engine.runner.weight_bytes().expert == expert
+    outputs = llm.generate(prompts(), SamplingParams(max_tokens=4, temperature=0.0))
+    assert all(len(o.token_ids) == 4 for o in outputs)
+    assert 1 <= llm.engine.runner.model.num_experts_run <= 2 * 8
+
+
+def test_other_expert_layouts_are_refused(tmp_path: Path) -> None:
+    """Experts stored one tensor per expert (Mixtral files from before llama.cpp stacked them):
+    refused in one line, naming the tensor, before a model without its MLPs could be built."""
+    path = tmp_path / "old-mixtral.gguf"
     writer = GGUFWriter(str(path), "llama")
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
-    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((4, 64, 32), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_gate.0.weight", np.zeros((64, 32), dtype=np.float32))
     _write(writer)
     with pytest.raises(ModelLoadError) as info:
         load_checkpoint(str(path))
     message = str(info.value)
-    assert "mixture-of-experts" in message and "blk.0.ffn_gate_exps.weight" in message
+    assert "expert layout" in message and "blk.0.ffn_gate.0.weight" in message
     assert "\n" not in message
 
 
