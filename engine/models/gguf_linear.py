@@ -223,12 +223,15 @@ def prepare_gguf_modules(
             else:
                 setattr(parent, name, child.to_linear())
     for module in model.modules():  # a GGUF's experts (SparseMoE.gguf_experts): blocks kept
-        for linear in (x for pair in getattr(module, "gguf_experts", None) or () for x in pair):
-            if native:
-                linear.use_kernels(kernels, False, int8_activations)
-            elif avx2 is not None:
+        experts = getattr(module, "gguf_experts", None)
+        if experts is None:
+            continue
+        if native:
+            module.use_gguf_kernels(kernels, int8_activations)
+        elif avx2 is not None:
+            for linear in (x for pair in experts for x in pair):
                 linear.use_avx2_kernels(avx2)
-            # else: dequantized per call (no float copy of every expert)
+        # else: dequantized per call (no float copy of every expert)
     return count
 
 

@@ -32,9 +32,10 @@ per expert at 1 row, as small_batch_linear over row-major rows; F.linear 0.64 ms
 
 A GGUF file's experts (qwen3moe, Mixtral's llama files) are not copied into that layout: each
 expert keeps its rows of the file's stacked [E, rows, cols] block tensors (load_gguf), as a
-GGUFLinear for gate|up and one for down, and a step runs each active expert through them (the
-torch steps above, routing in torch; the kernels' gguf_linear reads the blocks in bf16). One
-copy of the weights, at the price of a Python call per active expert and matrix.
+GGUFLinear for gate|up and one for down. In bf16 with the kernels a step's picked experts run
+in one native call over the three stacked tensors (moe_experts_gguf: moe_experts' steps, each
+expert's rows through gguf_linear's path for that many rows, so bit for bit the loop over the
+GGUFLinears that _experts_in_torch runs elsewhere). One copy of the weights.
 
 Measured, one bf16 layer on this 2-core AMX CPU (median of 15; tiles vs row-major F.linear):
 Qwen3-30B-A3B's (128 experts of 768, top-8) 5.0 vs 7.3 ms at 1 token (8 experts run),
@@ -62,6 +63,7 @@ from torch.nn import functional as F
 from engine.gguf_tensors import GGUFBlocks
 from engine.models.gguf_linear import GGUFLinear
 from engine.models.layer_ops import KernelLayerOps
+from engine.models.packed_linear import SMALL_BATCH_ROWS
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaShape
@@ -102,6 +104,11 @@ class SparseMoE(nn.Module):
         # modules: the meter counts an expert's bytes once per expert run (bytes_per_expert),
         # not as layers every pass reads; prepare_gguf_modules picks their kernels.
         self.gguf_experts: tuple[tuple[GGUFLinear, GGUFLinear], ...] | None = None
+        # The same experts as the file's three stacked tensors, and the kernels that run them
+        # all in one native call (moe_experts_gguf; set by use_gguf_kernels in bf16).
+        self.gguf_stacked: tuple[GGUFBlocks, GGUFBlocks, GGUFBlocks] | None = None
+        self.gguf_kernels = None
+        self.gguf_int8_activations = False
         self.num_experts_run = 0
 
     @property
@@ -216,10 +223,21 @@ class SparseMoE(nn.Module):
             down_e = GGUFLinear([down.row_range(e * hidden, (e + 1) * hidden)], size, None, dtype)
             experts.append((gate_up, down_e))
         self.gguf_experts = tuple(experts)
+        self.gguf_stacked = (gate, up, down)
         self.kernels = None  # moe_experts reads tiles; these experts go through their GGUFLinears
         empty = torch.empty(0, dtype=dtype)
         self.gate_up_proj = nn.Parameter(empty, requires_grad=False)
         self.down_proj = nn.Parameter(empty.clone(), requires_grad=False)
+
+    def use_gguf_kernels(self, kernels, int8_activations: bool) -> None:
+        """bf16 with the native kernels: every GGUF expert of a step in one moe_experts_gguf
+        call, when all three tensors are blocks (a float one keeps the GGUFLinears' loop)."""
+        for pair in self.gguf_experts:
+            for linear in pair:
+                linear.use_kernels(kernels, False, int8_activations)
+        if not any(b.is_float for b in self.gguf_stacked):
+            self.gguf_kernels = kernels
+            self.gguf_int8_activations = int8_activations
 
     def load_expert(self, e: int, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
         """Write expert e's gate [I, H], up [I, H] and down [H, I] (any float dtype)."""
@@ -254,15 +272,39 @@ class SparseMoE(nn.Module):
                 x.contiguous(), picks, weights, self.gate_up_proj, self.down_proj
             )
             return out
+        if self.gguf_kernels is not None:
+            return self._gguf_experts_native(x, weights, picks)
         return self._experts_in_torch(x, weights, picks)
+
+    def _gguf_experts_native(self, x: torch.Tensor, weights, picks) -> torch.Tensor:
+        """The GGUF experts in one native call: each picked expert's rows through the path
+        its GGUFLinears take for that many rows, so equal to _experts_in_torch over them."""
+        gate, up, down = self.gguf_stacked
+        out, self.num_experts_run = self.gguf_kernels.moe_experts_gguf(
+            x.contiguous(),
+            picks,
+            weights,
+            gate.blocks,
+            gate.kind,
+            up.blocks,
+            up.kind,
+            down.blocks,
+            down.kind,
+            self.num_experts,
+            self.intermediate_size,
+            small_rows=SMALL_BATCH_ROWS,
+            int8_activations=self.gguf_int8_activations,
+        )
+        return out
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, picks), both [T, k] in top-k order: weights float32, or in the model's
         dtype where the family rounds them (Qwen3-MoE). With the kernels, the same steps in one
         native call (moe_route, which the decode stack calls too)."""
         logits = self.gate.forward(x)
-        if self.kernels is not None:
-            return self.kernels.moe_route(
+        kernels = self.kernels if self.kernels is not None else self.gguf_kernels
+        if kernels is not None:
+            return kernels.moe_route(
                 logits.contiguous(), self.top_k, self.norm_topk_prob, self.round_routing_weights
             )
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGUFWriter
 from gguf_models import EOS, VOCAB, T, write_tiny_gguf
 from tiny_models import hf_greedy, prompts
@@ -369,6 +370,30 @@ def test_experts_stay_in_their_blocks(gguf_files) -> None:
     outputs = llm.generate(prompts(), SamplingParams(max_tokens=4, temperature=0.0))
     assert all(len(o.token_ids) == 4 for o in outputs)
     assert 1 <= llm.engine.runner.model.num_experts_run <= 2 * 8
+
+
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
+def test_native_experts_equal_their_linears(gguf_files, case: str) -> None:
+    """bf16 on the kernels: moe_experts_gguf (every picked expert in one native call) equals
+    the loop over each expert's GGUFLinears, bit for bit, and runs the same experts, at row
+    counts of every gguf_linear path (1-4 exact rows, 5-8 small-batch, tiles, panels)."""
+    kernels = load_cpu_kernels()
+    if kernels is None or not hasattr(kernels, "moe_experts_gguf"):
+        pytest.skip("needs the native kernels with moe_experts_gguf")
+    llm = LLM(model=str(gguf_files[case][0]), dtype="bfloat16", kv_cache_bytes=1 << 20)
+    moe = next(m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoE))
+    assert moe.gguf_kernels is kernels
+    gen = torch.Generator().manual_seed(0)
+    for tokens in (1, 3, 6, 20, 70, 100):
+        x = (0.5 * torch.randn(tokens, moe.hidden_size, generator=gen)).bfloat16()
+        weights, picks = moe._route(x)  # one routing for both (torch's exp is not moe_route's)
+        native = moe._gguf_experts_native(x, weights, picks)
+        native_run = moe.num_experts_run
+        loop = moe._experts_in_torch(x, weights, picks)
+        loop_run = moe.num_experts_run
+        assert torch.equal(native, loop), tokens
+        assert torch.equal(moe(x), native)  # forward takes the native call
+        assert native_run == loop_run
 
 
 def test_other_expert_layouts_are_refused(tmp_path: Path) -> None:

@@ -1,8 +1,6 @@
 // gguf_linear: checks, then the path for the number of rows (gguf_linear.h).
 #include "gguf_binding.h"
 
-#include <algorithm>
-
 #include "binding_checks.h"
 #include "gguf_linear.h"
 
@@ -35,23 +33,7 @@ torch::Tensor gguf_linear_op(const torch::Tensor& x, const torch::Tensor& blocks
   const bf16* bias_ptr = bias_data(bias, N, "gguf_linear");
   const GgufWeight w{static_cast<int>(kind), data<uint8_t>(blocks), N, K, int8_activations};
   auto out = torch::empty({M, N}, x.options());
-  const bool amx = use_amx && amx_available();
-  if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {
-    gguf_small_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M, use_amx);
-  } else if (amx && M <= kGgufWideTileRows) {
-    gguf_tile_linear(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
-  } else if (amx) {
-    // x padded to whole 32-row blocks (the A operand, row-major as amx_linear reads it).
-    const int64_t padded_rows = (M + 31) / 32 * 32;
-    torch::Tensor rows = x;
-    if (padded_rows != M) {
-      rows = torch::zeros({padded_rows, K}, x.options());
-      rows.narrow(0, 0, M).copy_(x);
-    }
-    gguf_panel_linear_amx(data<bf16>(rows), padded_rows, w, bias_ptr, data<bf16>(out), M);
-  } else {
-    gguf_panel_linear_vector(data<bf16>(x), w, bias_ptr, data<bf16>(out), M);
-  }
+  gguf_linear_rows(data<bf16>(x), w, bias_ptr, data<bf16>(out), M, use_amx, small_rows);
   return out;
 }
 

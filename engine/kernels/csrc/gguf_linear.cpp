@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "gguf_blocks.h"
@@ -276,6 +277,29 @@ void gguf_small_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf1
     const Activations a = prepare<F>(x, M, w.K);
     with_small_rows(M, [&](auto rows) { small_rows<F, decltype(rows)::value>(a, w, bias, out); });
   });
+}
+
+void gguf_linear_rows(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M,
+                      bool use_amx, int64_t small_rows) {
+  const bool amx = use_amx && amx_available();
+  if (M <= std::min<int64_t>(small_rows, kSmallBatchRows)) {
+    gguf_small_linear(x, w, bias, out, M, use_amx);
+  } else if (amx && M <= kGgufWideTileRows) {
+    gguf_tile_linear(x, w, bias, out, M);
+  } else if (amx) {
+    // x padded to whole 32-row blocks (the A operand, row-major as amx_linear reads it).
+    const int64_t padded_rows = (M + 31) / 32 * 32;
+    std::vector<bf16> padded;
+    const bf16* rows = x;
+    if (padded_rows != M) {
+      padded.assign(padded_rows * w.K, bf16{0});
+      std::copy(x, x + M * w.K, padded.begin());
+      rows = padded.data();
+    }
+    gguf_panel_linear_amx(rows, padded_rows, w, bias, out, M);
+  } else {
+    gguf_panel_linear_vector(x, w, bias, out, M);
+  }
 }
 
 }  // namespace meterserve

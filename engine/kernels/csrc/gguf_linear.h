@@ -79,6 +79,12 @@ void gguf_tile_linear(const bf16* x, const GgufWeight& w, const bf16* bias, bf16
 void gguf_panel_linear_amx(const bf16* x, int64_t padded_rows, const GgufWeight& w,
                            const bf16* bias, bf16* out, int64_t M);
 
+// Any M >= 1: the path gguf_linear takes for M rows (gguf_binding.cpp): up to small_rows
+// (at most kSmallBatchRows) gguf_small_linear, then on AMX (use_amx) the tiles up to
+// kGgufWideTileRows and the AMX panels above, else the AVX512-BF16 panels.
+void gguf_linear_rows(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out, int64_t M,
+                      bool use_amx, int64_t small_rows);
+
 // Any M, AVX512-BF16 dot products over the same dequantized panels (CPUs without AMX).
 void gguf_panel_linear_vector(const bf16* x, const GgufWeight& w, const bf16* bias, bf16* out,
                               int64_t M);

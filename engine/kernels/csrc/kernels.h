@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gguf_linear.h"
 #include "numeric.h"
 
 namespace meterserve {
@@ -103,6 +104,25 @@ void moe_route(const bf16* logits, int64_t tokens, int64_t E, int64_t k, bool no
 int64_t moe_experts(const bf16* x, const int64_t* picks, const float* weights,
                     bool round_products, const MoeExperts& experts, int64_t tokens, int64_t k,
                     const MoeScratch& scratch, bf16* out);
+
+// A GGUF file's experts as stored: gate and up [E * inter] rows of `hidden` weights, down
+// [E * hidden] rows of `inter`, each one tensor of one ggml block type (expert e's rows are
+// the e-th run of inter, or hidden, rows). small_rows, use_amx, int8_activations: as
+// gguf_linear takes them.
+struct MoeGgufExperts {
+  GgufWeight gate, up, down;  // N = E * rows: all experts
+  int64_t num_experts, hidden, inter;
+  int64_t small_rows;
+  bool use_amx;
+};
+
+// moe_experts over GGUF experts: the same sort, gather, silu_and_mul and weighted sum; each
+// picked expert's rows through gguf_linear_rows (the path GGUFLinear takes for that many
+// rows), gate and up as two products whose outputs are laid side by side as gate_up. scratch
+// as moe_experts' (no padding rows needed); gate_up_out doubles as gate and up's outputs.
+int64_t moe_experts_gguf(const bf16* x, const int64_t* picks, const float* weights,
+                         bool round_products, const MoeGgufExperts& experts, int64_t tokens,
+                         int64_t k, const MoeScratch& scratch, bf16* out);
 
 // An int8 [N, K] weight (N % 32 == 0, K % 64 == 0) quantized per output channel, in the one
 // layout both int8 paths read: packed[n / 16][k / 64][(k % 64) / 4][n % 16][k % 4] =

@@ -50,6 +50,56 @@ std::tuple<torch::Tensor, int64_t> moe_experts_op(const torch::Tensor& x,
   return {out, run};
 }
 
+// moe_experts over a GGUF's stacked experts: gate, up [E * inter, row bytes] and down
+// [E * hidden, row bytes] uint8 blocks of ggml types gate_kind, up_kind, down_kind.
+std::tuple<torch::Tensor, int64_t> moe_experts_gguf_op(
+    const torch::Tensor& x, const torch::Tensor& picks, const torch::Tensor& weights,
+    const torch::Tensor& gate, int64_t gate_kind, const torch::Tensor& up, int64_t up_kind,
+    const torch::Tensor& down, int64_t down_kind, int64_t num_experts, int64_t inter,
+    bool use_amx, int64_t small_rows, bool int8_activations) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+              "x must be contiguous bfloat16 [T, H]");
+  const int64_t tokens = x.size(0), hidden = x.size(1), E = num_experts;
+  TORCH_CHECK(picks.dim() == 2 && picks.size(0) == tokens && picks.scalar_type() == torch::kInt64,
+              "picks must be int64 [T, k]");
+  TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
+  auto stacked = [&](const torch::Tensor& blocks, int64_t kind, int64_t rows, int64_t cols,
+                     const char* name) {
+    const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), cols);
+    TORCH_CHECK(row_bytes > 0, "moe_experts_gguf ", name, ": ggml type ", kind,
+                " is not supported, or ", cols, " is not a whole number of its blocks");
+    TORCH_CHECK(blocks.scalar_type() == torch::kUInt8 && blocks.is_contiguous() &&
+                    blocks.numel() == E * rows * row_bytes,
+                "moe_experts_gguf ", name, ": contiguous uint8 of ", E, " x ", rows, " x ",
+                row_bytes, " bytes");
+    return GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), E * rows, cols,
+                      int8_activations};
+  };
+  const MoeGgufExperts experts{stacked(gate, gate_kind, inter, hidden, "gate"),
+                               stacked(up, up_kind, inter, hidden, "up"),
+                               stacked(down, down_kind, hidden, inter, "down"),
+                               E, hidden, inter, small_rows, use_amx};
+  const int64_t k = picks.size(1), pairs = tokens * k;
+  const torch::Tensor pick_ids = picks.contiguous();
+  check_indices(data<int64_t>(pick_ids), pairs, E, "expert");
+  const bool round_products = weights.scalar_type() == torch::kBFloat16;
+  const torch::Tensor weights32 = weights.to(torch::kFloat32).contiguous();
+  auto bf16_rows = [&](int64_t rows, int64_t cols) {
+    return torch::empty({rows, cols}, x.options());
+  };
+  torch::Tensor rows = bf16_rows(pairs, hidden), hidden_rows = bf16_rows(pairs, inter);
+  torch::Tensor gate_up_out = bf16_rows(pairs, 2 * inter), expert_out = bf16_rows(pairs, hidden);
+  torch::Tensor index = torch::empty({2, pairs}, picks.options());
+  const MoeScratch scratch{data<bf16>(rows),        data<bf16>(gate_up_out),
+                           data<bf16>(hidden_rows), data<bf16>(expert_out),
+                           data<int64_t>(index),    data<int64_t>(index) + pairs};
+  torch::Tensor out = bf16_rows(tokens, hidden);
+  const int64_t run =
+      moe_experts_gguf(data<bf16>(x), data<int64_t>(pick_ids), data<float>(weights32),
+                       round_products, experts, tokens, k, scratch, data<bf16>(out));
+  return {out, run};
+}
+
 // (weights [T, k], picks [T, k]) of logits bf16 [T, E]: weights bf16 where round_weights (as
 // moe_experts then rounds each weighted product), else float32.
 std::tuple<torch::Tensor, torch::Tensor> moe_route_op(const torch::Tensor& logits, int64_t k,
@@ -76,6 +126,14 @@ void bind_moe(pybind11::module_& m) {
         "a MoE layer's picked experts (tile layout), weighted and summed per token: "
         "(out, run)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("moe_experts_gguf", &moe_experts_gguf_op,
+        "a MoE layer's picked experts as a GGUF stores them (stacked blocks), weighted and "
+        "summed per token: (out, run)",
+        py::arg("x"), py::arg("picks"), py::arg("weights"), py::arg("gate"),
+        py::arg("gate_kind"), py::arg("up"), py::arg("up_kind"), py::arg("down"),
+        py::arg("down_kind"), py::arg("num_experts"), py::arg("inter"),
+        py::arg("use_amx") = true, py::arg("small_rows") = kSmallBatchRows,
+        py::arg("int8_activations") = false, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace meterserve
