@@ -54,6 +54,18 @@ SUPPORTED_ARCHITECTURES = (
 )
 # q/k rows interleaved by llama.cpp's converter (LlamaModel and its subclass GraniteModel).
 PERMUTED_ARCHITECTURES = ("llama", "granite")
+# Token texts llama.cpp ends generation at whatever the file's EOS id (llama-vocab.cpp's list,
+# the entries of the families served).
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
+)
 # Architectures whose tokenizer transformers' AutoTokenizer reads from a GGUF.
 TRANSFORMERS_TOKENIZER_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Norm weights the converter stored as 1 + w (Gemma's RMSNorm scales by 1 + w): w is given back.
@@ -309,11 +321,25 @@ def _write_metadata_cache(path: Path, header: GGUFHeader, meta: Path) -> None:
         tokenizer = _read_tokenizer(path, header)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF metadata of {path}: {one_line(exc)}") from exc
+    if builds_config(header):
+        config.eos_token_id = end_of_generation_ids(config.eos_token_id, tokenizer)
     tmp = meta.with_name(meta.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     publish_dir(tmp, meta)
+
+
+def end_of_generation_ids(eos, tokenizer) -> int | list[int] | None:
+    """The file's EOS ids and those of the vocabulary's end-of-turn tokens llama.cpp stops at
+    by their text (llama-vocab.cpp: Gemma's <end_of_turn>, Phi-3's <|end|>, ...): a GGUF has no
+    generation_config.json to list a chat model's end-of-turn token. For the architectures
+    gguf_config builds; llama, qwen2 and qwen3 files keep transformers' ids, as before."""
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    vocab = tokenizer.get_vocab()
+    ids += [vocab[text] for text in END_OF_GENERATION_TEXTS if text in vocab]
+    ids = list(dict.fromkeys(ids))
+    return ids[0] if len(ids) == 1 else (ids or None)
 
 
 def _read_config(path: Path, header: GGUFHeader):

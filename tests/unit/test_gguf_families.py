@@ -245,7 +245,7 @@ def test_greedy_equals_hugging_face_float32(gguf_files, arch: str, cpu_kernels: 
 def test_config_is_the_one_written(gguf_files, arch: str) -> None:
     path, _ = gguf_files[arch]
     read = load_checkpoint(str(path)).config
-    written = CASES[arch][0]()
+    written = CASES[arch][0]()  # EOS ids gain end-of-turn tokens: test_end_of_turn_tokens_...
     assert read.model_type == written.model_type
     keys = [
         "hidden_size",
@@ -255,7 +255,6 @@ def test_config_is_the_one_written(gguf_files, arch: str) -> None:
         "num_key_value_heads",
         "rms_norm_eps",
         "tie_word_embeddings",
-        "eos_token_id",
         "query_pre_attn_scalar",
         "layer_types",
         "sliding_window",
@@ -320,6 +319,13 @@ def test_end_of_turn_ids_end_requests() -> None:
     header = _header("gemma2", 2)
     header.metadata["tokenizer.ggml.eot_token_id"] = 7
     assert hf_config(header).eos_token_id == [1, 7]
+
+
+def test_end_of_turn_tokens_end_requests_by_their_text(gguf_files) -> None:
+    """As llama.cpp does, the vocabulary's end-of-turn tokens end a request with the file's
+    EOS id: the tiny files' vocabulary (SmolLM2's) has <|endoftext|> (0) beside <|im_end|>."""
+    config = load_checkpoint(str(gguf_files["gemma3"][0])).config
+    assert config.eos_token_id == [EOS, 0]
 
 
 def test_short_arrays_are_read(tmp_path: Path) -> None:
