@@ -15,17 +15,14 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader, GGUFWriter
-from gguf_models import EOS, T, write_tiny_gguf
-from tiny_models import hf_greedy, prompts
+from gguf_models import EOS, T, assert_greedy_equals_oracle, write_tiny_gguf
 
 from engine.attention import make_backend
 from engine.gguf_header import read_header
 from engine.gguf_tensors import GGUFBlocks
-from engine.llm import LLM
 from engine.loader import ModelLoadError, load_checkpoint
 from engine.models.gguf_linear import GGUFEmbedding, GGUFLinear
 from engine.models.llama import LlamaForCausalLM
-from scheduler.sampling_params import SamplingParams
 
 # arch -> (formats by GGUF tensor role, tied LM head). Llama mixes formats inside q|k|v (Q4_K
 # q and k, Q6_K v: two parts) and keeps a Q8_0 embedding as its tied head; Qwen2 has q/k/v
@@ -93,22 +90,7 @@ def _cache_dir(tmp_path_factory, monkeypatch) -> None:
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_greedy_equals_hugging_face_float32(gguf_files, arch: str) -> None:
     path, oracle = gguf_files[arch]
-    expected = []
-    for prompt in prompts():
-        tokens, margin = hf_greedy(oracle, prompt)
-        assert margin > 1e-3, f"{arch}: HF's greedy path has a near-tie; pick another seed"
-        expected.append(tokens)
-    llm = LLM(
-        model=str(path),
-        dtype="float32",
-        block_size=4,
-        kv_cache_bytes=1 << 20,
-        max_num_batched_tokens=16,
-        cpu_kernels=False,
-    )
-    outputs = llm.generate(prompts(), SamplingParams(max_tokens=12, temperature=0.0))
-    assert [o.token_ids for o in outputs] == expected
-    llm.engine.check_invariants()
+    assert_greedy_equals_oracle(path, oracle, arch, cpu_kernels=False)
 
 
 def test_metadata_gives_config_tokenizer_and_chat_template(gguf_files) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFWriter
-from gguf_models import EOS, VOCAB, T, write_tiny_gguf
-from tiny_models import hf_greedy, prompts
+from gguf_models import EOS, VOCAB, T, assert_greedy_equals_oracle, write_tiny_gguf
+from tiny_models import prompts
 from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
@@ -221,24 +221,8 @@ def _cache_dir(tmp_path_factory, monkeypatch) -> None:
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "plain-torch"])
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_greedy_equals_hugging_face_float32(gguf_files, arch: str, cpu_kernels: bool) -> None:
-    path, oracle = gguf_files[arch]
-    expected = []
-    for prompt in prompts():  # up to 30 tokens: past the 8-token window
-        tokens, margin = hf_greedy(oracle, prompt)
-        assert margin > 1e-3, f"{arch}: HF's greedy path has a near-tie; pick another seed"
-        expected.append(tokens)
-    llm = LLM(
-        model=str(path),
-        dtype="float32",
-        block_size=4,
-        kv_cache_bytes=1 << 20,
-        max_num_batched_tokens=16,
-        cpu_kernels=cpu_kernels,
-        attention_backend="auto" if cpu_kernels else "batched",
-    )
-    outputs = llm.generate(prompts(), SamplingParams(max_tokens=12, temperature=0.0))
-    assert [o.token_ids for o in outputs] == expected
-    llm.engine.check_invariants()
+    path, oracle = gguf_files[arch]  # prompts up to 30 tokens: past the 8-token window
+    assert_greedy_equals_oracle(path, oracle, arch, cpu_kernels)
 
 
 @pytest.mark.parametrize("arch", sorted(CASES))
