@@ -197,6 +197,7 @@ class ModelRunner:
         self.structured = StructuredOutputs(checkpoint.tokenizer, self.shape.vocab_size)
         self.kv_cache: KVCacheTensors | None = None
         self.num_experts_run = 0  # of the last execute() (a MoE model's expert weight reads)
+        self.expert_bytes_run = 0  # their bytes
 
     def _check_quantization(self, checkpoint: LoadedCheckpoint) -> None:
         """--quantization int8/int4 needs bf16 activations and the kernels, and a float
@@ -303,7 +304,7 @@ class ModelRunner:
         self.sampler.forget(output.finished_request_ids)
         self.structured.forget(output.finished_request_ids)
         result = RunnerOutput()
-        self.num_experts_run = 0
+        self.num_experts_run = self.expert_bytes_run = 0
         if output.is_empty:
             return result
         self._maybe_inject_fault(output)
@@ -312,6 +313,7 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, self.kv_cache, batch.meta)
         # Distinct (layer, expert) pairs the forward ran, for the meter (0: no experts).
         self.num_experts_run = getattr(self.model, "num_experts_run", 0)
+        self.expert_bytes_run = getattr(self.model, "expert_bytes_run", 0)
         if any(c.num_prompt_logprob_rows for c in output.chunks):
             result.prompt_logprobs = self._prompt_logprobs(hidden, output.chunks)
         sampling_chunks = [c for c in output.chunks if c.samples]

@@ -262,6 +262,15 @@ class LlamaForCausalLM(nn.Module):
         moe = (layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE))
         return sum(mlp.num_experts_run for mlp in moe)
 
+    @property
+    def expert_bytes_run(self) -> int:
+        """Bytes of the experts the last forward ran, layer by layer (a GGUF's layers may
+        store their experts in different formats: Q4_K_M files put half the downs in Q6_K)."""
+        moe = [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
+        if self.stack_experts_run is not None:  # the stack runs tiles: one size everywhere
+            return self.stack_experts_run * (moe[0].bytes_per_expert if moe else 0)
+        return sum(mlp.num_experts_run * mlp.bytes_per_expert for mlp in moe)
+
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Give every parameter its HF-named checkpoint tensor in self.dtype, fusing q/k/v and
         gate/up; fail loudly on anything missing. Reads each checkpoint tensor once."""

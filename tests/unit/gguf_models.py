@@ -79,8 +79,8 @@ def gguf_name(hf: str, arch: str, layers: int) -> str:
 
 
 def write_tiny_gguf(path: Path, arch: str, formats: dict[str, T], tied: bool, config=None):
-    """A GGUF at path; formats: GGUF tensor role ("attn_q", "token_embd", ...) -> type for
-    2-D weights (default F32); config: the HF config (default: tiny_config's for llama, qwen2
+    """A GGUF at path; formats: GGUF tensor role ("attn_q", "token_embd", ...) or one tensor's
+    name ("blk.1.ffn_down_exps") -> type for weights of 2 or more dimensions (default F32); config: the HF config (default: tiny_config's for llama, qwen2
     and qwen3). Returns the float32 HF oracle model."""
     config = tiny_config(arch, tied) if config is None else config
     torch.manual_seed(0)
@@ -104,7 +104,8 @@ def write_tiny_gguf(path: Path, arch: str, formats: dict[str, T], tied: bool, co
             heads = _permute_heads(arch, name, config)
             stored = part + shift  # the converter's modify_tensors: Gemma's norms as 1 + w
             stored = stored if heads is None else _permute(stored, heads)
-            kind = formats.get(name.split(".")[-2], T.F32) if part.ndim >= 2 else T.F32
+            role = formats.get(name.split(".")[-2], T.F32)  # a whole name ("blk.1.ffn_up") first
+            kind = formats.get(name.removesuffix(".weight"), role) if part.ndim >= 2 else T.F32
             data, stored_values = _encode(stored, kind, rng)
             writer.add_tensor(name, data, raw_dtype=kind)
             values.append(

@@ -168,6 +168,7 @@ CASES = {
             "ffn_gate_exps": T.Q4_K,
             "ffn_up_exps": T.Q5_0,
             "ffn_down_exps": T.Q6_K,
+            "blk.1.ffn_down_exps": T.Q4_K,  # layers differ, as in a Q4_K_M file
         },
         True,
     ),
@@ -355,11 +356,25 @@ def test_experts_stay_in_their_blocks(gguf_files) -> None:
     kinds = {t.name: t.kind for t in stored.tensors}
     assert [p.kind for p in gate_up.parts] == [kinds["blk.0.ffn_gate_exps.weight"], T.Q5_0]
     assert [p.kind for p in down.parts] == [T.Q6_K]
-    expert = sum(p.nbytes for p in gate_up.parts) + down.parts[0].nbytes
-    assert llm.engine.runner.weight_bytes().expert == expert
+    assert moe[0].bytes_per_expert == sum(p.nbytes for p in gate_up.parts) + down.parts[0].nbytes
+    assert moe[1].bytes_per_expert < moe[0].bytes_per_expert  # its down is Q4_K, not Q6_K
+    # The meter's expert bytes are each layer's experts run times that layer's expert size.
+    runner = llm.engine.runner
+    seen = []
+    execute = runner.execute
+
+    def counted(output):
+        result = execute(output)
+        runs = [m.num_experts_run for m in moe]
+        seen.append((runner.expert_bytes_run, runs))
+        return result
+
+    runner.execute = counted
     outputs = llm.generate(prompts(), SamplingParams(max_tokens=4, temperature=0.0))
     assert all(len(o.token_ids) == 4 for o in outputs)
-    assert 1 <= llm.engine.runner.model.num_experts_run <= 2 * 8
+    for expert_bytes, runs in seen:
+        assert 1 <= min(runs) and max(runs) <= 8
+        assert expert_bytes == sum(n * m.bytes_per_expert for n, m in zip(runs, moe, strict=True))
 
 
 @pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
