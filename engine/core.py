@@ -46,8 +46,7 @@ class ExecuteResult:
     runner_output: RunnerOutput
     failed: dict[str, str]  # request_id -> error message
     num_forward_passes: int
-    num_experts_run: int = 0  # distinct (layer, expert) pairs run, over the passes (MoE)
-    expert_bytes_run: int = 0  # their weights' bytes
+    expert_bytes_run: int = 0  # bytes of the experts run, over the passes (MoE)
 
 
 class EngineCore:
@@ -189,7 +188,7 @@ class EngineCore:
             return StepResult(events, stats)
         executed = self._execute(output)
         duration = time.monotonic() - started
-        charge = self._charge(output, duration, executed)
+        charge = self._charge(output, duration, executed.expert_bytes_run)
         events: list[TokenEvent] = []
         for request_id, error in executed.failed.items():
             events.extend(self.scheduler.fail_requests([request_id], error))
@@ -201,15 +200,12 @@ class EngineCore:
         """Run the step; if it raises, re-run chunk by chunk so only the culprits fail."""
         try:
             runner_output = self.runner.execute(output)
-            runner = self.runner
-            return ExecuteResult(
-                runner_output, {}, 1, runner.num_experts_run, runner.expert_bytes_run
-            )
+            return ExecuteResult(runner_output, {}, 1, self.runner.expert_bytes_run)
         except Exception as exc:
             log.exception("model step failed; isolating the failing requests")
             if len(output.chunks) == 1:
                 return ExecuteResult(RunnerOutput(), {output.chunks[0].request_id: _why(exc)}, 1)
-        merged, failed, num_experts_run, expert_bytes_run = RunnerOutput(), {}, 0, 0
+        merged, failed, expert_bytes_run = RunnerOutput(), {}, 0
         for chunk in output.chunks:
             try:
                 single = self.runner.execute(SchedulerOutput(chunks=[chunk]))
@@ -221,19 +217,15 @@ class EngineCore:
             merged.prompt_logprobs.update(single.prompt_logprobs)
             merged.accepted_draft_token_ids.update(single.accepted_draft_token_ids)
             merged.accepted_logprobs.update(single.accepted_logprobs)
-            num_experts_run += self.runner.num_experts_run
             expert_bytes_run += self.runner.expert_bytes_run
-        passes = 1 + len(output.chunks)
-        return ExecuteResult(merged, failed, passes, num_experts_run, expert_bytes_run)
+        return ExecuteResult(merged, failed, 1 + len(output.chunks), expert_bytes_run)
 
     def _charge(
-        self, output: SchedulerOutput, duration: float, executed: ExecuteResult
+        self, output: SchedulerOutput, duration: float, expert_bytes_run: int
     ) -> StepCharge:
         """Meter the step and book each chunk's seconds, FLOPs and bytes on its request."""
         works = [_chunk_work(c) for c in output.chunks]
-        charge = self.meter.charge_step(
-            works, duration, executed.num_experts_run, executed.expert_bytes_run
-        )
+        charge = self.meter.charge_step(works, duration, expert_bytes_run)
         for chunk, seconds, flops, nbytes in zip(
             output.chunks,
             charge.chunk_seconds,

@@ -37,10 +37,10 @@ reading the head's weights once more. Activations are not counted (they stay in 
 
 A MoE layer's experts are read per expert run: WeightBytes.body_* leave them out, and a step
 adds WeightBytes.expert bytes per distinct (layer, expert) pair it ran, known only at run time:
-the engine passes the runner's count (exact), and the bytes of the experts run layer by layer
-(exact also where a GGUF's layers store their experts in different formats, as Q4_K_M files
-do); without them (num_experts_run None) the count is modelled as its upper bound,
-min(num_experts, num_tokens * k) per MoE layer, of WeightBytes.expert each.
+the engine passes the bytes of the experts the runner ran, layer by layer (exact, also where a
+GGUF's layers store their experts in different formats, as Q4_K_M files do); given a count
+instead (num_experts_run), that many of WeightBytes.expert; given neither, the count is
+modelled as its upper bound, min(num_experts, num_tokens * k) per MoE layer.
 """
 
 from __future__ import annotations
@@ -348,8 +348,8 @@ class CostModel:
         expert_bytes_run: int | None = None,
     ) -> StepCost:
         """FLOPs and bytes of one step. The body's weight bytes (with the experts it ran:
-        expert_bytes_run where the runner counted them layer by layer, else num_experts_run
-        distinct (layer, expert) pairs of WeightBytes.expert, None: modelled) are split between
+        expert_bytes_run bytes, as the runner counted them layer by layer; else num_experts_run
+        distinct (layer, expert) pairs of WeightBytes.expert; neither: modelled) are split between
         chunks by new-token share, the sampling pass's LM head equally between the chunks that
         sample, the prompt-logprob passes' by prompt-logprob row share."""
         flops = [self.chunk_flops(chunk) for chunk in chunks]
@@ -359,7 +359,7 @@ class CostModel:
         weights = self.weight_bytes
         decode_only = all(chunk.is_decode for chunk in chunks)  # drafts' rows are decode rows
         body, head = weights.body(num_tokens, decode_only), weights.head(num_sampling)
-        if expert_bytes_run:
+        if expert_bytes_run is not None:
             body += expert_bytes_run
         elif weights.expert:
             if num_experts_run is None:

@@ -38,15 +38,10 @@ class Meter:
         self.peaks = peaks
 
     def charge_step(
-        self,
-        chunks: list[ChunkWork],
-        duration: float,
-        num_experts_run: int | None = None,
-        expert_bytes_run: int | None = None,
+        self, chunks: list[ChunkWork], duration: float, expert_bytes_run: int | None = None
     ) -> StepCharge:
-        """num_experts_run: distinct (layer, expert) pairs the step ran, expert_bytes_run their
-        bytes (CostModel.step_cost)."""
-        cost = self.cost_model.step_cost(chunks, num_experts_run, expert_bytes_run)
+        """expert_bytes_run: bytes of the experts the step ran (CostModel.step_cost)."""
+        cost = self.cost_model.step_cost(chunks, expert_bytes_run=expert_bytes_run)
         seconds = split_step_time(
             duration,
             cost.chunk_flops,
