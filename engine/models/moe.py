@@ -148,15 +148,15 @@ class SparseMoE(nn.Module):
         fused [E, 2I, H] / [E, H, I] tensors (each read whole, then copied expert by expert),
         one tensor per expert and matrix (published checkpoints; what transformers 5.24's
         save_pretrained writes), or a GGUF's gate, up and down tensors [E, I, H] / [E, H, I]
-        (GGUF_EXPERT_NAMES; `blocks(name)` reads one as stored, None when it is not blocks)."""
+        (GGUF_EXPERT_NAMES; `blocks(name)` reads each once, as stored: WeightLoader.blocks)."""
         gguf = [f"{prefix}mlp.experts.{m}.weight" for m in GGUF_EXPERT_NAMES]
-        if has(gguf[0]):
-            stored = [blocks(name) if blocks is not None else None for name in gguf]
-            if all(b is not None for b in stored) and not all(b.is_float for b in stored):
+        if has(gguf[0]):  # only a GGUF's tensors get these names, so `blocks` reads them
+            stored = [blocks(name) for name in gguf]
+            if not all(b.is_float for b in stored):
                 self.load_gguf(*stored, dtype)
                 return
-            self.allocate(dtype)
-            gate, up, down = (read(name) for name in gguf)
+            self.allocate(dtype)  # float experts (an f32 / f16 file): into our layout
+            gate, up, down = (b.dequantize().view(self.num_experts, -1, b.cols) for b in stored)
             for e in range(self.num_experts):
                 self.load_expert(e, gate[e], up[e], down[e])
             return
