@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.draft_model import NO_DRAFT_COST, DraftCost, DraftModel
 from engine.freed_memory import keep_freed_memory
 from engine.kv_budget import choose_num_blocks, request_token_capacity
 from engine.loader import load_checkpoint
@@ -62,16 +63,26 @@ class EngineCore:
             checkpoint.config, checkpoint.tokenizer, checkpoint.generation_config
         )
         self.runner = ModelRunner(config, checkpoint, self.max_model_len)
+        spec = config.speculative
+        self.draft_model = (
+            DraftModel(config, spec, checkpoint, self.max_model_len)
+            if spec is not None and spec.method == "draft_model"
+            else None
+        )
         # A window shared by every layer lets the KV cache free what no query sees any more,
         # behind a reserved null block (kvcache/window.py).
         self.sliding_window = uniform_window(layer_windows(checkpoint.config))
         num_reserved = 0 if self.sliding_window is None else 1
         bytes_per_block = self.runner.kv_bytes_per_block()
+        if self.draft_model is not None:  # the draft's K/V lives in the same block ids
+            bytes_per_block += self.draft_model.kv_bytes_per_block()
         num_blocks = choose_num_blocks(config, bytes_per_block, num_reserved)
         self.kv_cache_info = KVCacheInfo(
             config.block_size, num_blocks, bytes_per_block, num_reserved
         )
         self.runner.allocate_kv_cache(num_blocks)
+        if self.draft_model is not None:
+            self.draft_model.allocate_kv_cache(num_blocks)
         if config.keep_freed_memory:  # after loading, so what loading freed is not kept
             keep_freed_memory()
         self.kv_cache = KVCacheManager(
@@ -122,6 +133,12 @@ class EngineCore:
             self.kv_cache_info.num_bytes / 2**20,
             self.max_model_len,
         )
+        if self.draft_model is not None:
+            log.info(
+                "speculative drafts from %s, up to %d a decode",
+                self.draft_model.name,
+                config.speculative.num_speculative_tokens,
+            )
 
     # -- requests -----------------------------------------------------------------------
     def add_request(
@@ -179,6 +196,7 @@ class EngineCore:
             self.thread_governor.adjust()
         started = time.monotonic()
         output = self.scheduler.schedule()
+        drafted = self._draft(output)
         if output.is_empty:
             # Requests failed inside schedule() hand their final events over through update(),
             # and prefix lookups / preemptions made while scheduling nothing still count.
@@ -188,13 +206,20 @@ class EngineCore:
             return StepResult(events, stats)
         executed = self._execute(output)
         duration = time.monotonic() - started
-        charge = self._charge(output, duration, executed.expert_bytes_run)
+        charge = self._charge(output, duration, executed.expert_bytes_run, drafted)
         events: list[TokenEvent] = []
         for request_id, error in executed.failed.items():
             events.extend(self.scheduler.fail_requests([request_id], error))
         events.extend(self.scheduler.update(output, executed.runner_output))
         self.max_running_batch_observed = max(self.max_running_batch_observed, len(output.chunks))
         return StepResult(events, self._stats(output, charge, started, duration, executed))
+
+    def _draft(self, output: SchedulerOutput) -> DraftCost:
+        """With a draft model: its passes fill the step's draft slots (engine/draft_model.py)."""
+        if self.draft_model is None:
+            return NO_DRAFT_COST
+        self.draft_model.forget(output.finished_request_ids)
+        return self.draft_model.propose(output.chunks)
 
     def _execute(self, output: SchedulerOutput) -> ExecuteResult:
         """Run the step; if it raises, re-run chunk by chunk so only the culprits fail."""
@@ -221,11 +246,19 @@ class EngineCore:
         return ExecuteResult(merged, failed, 1 + len(output.chunks), expert_bytes_run)
 
     def _charge(
-        self, output: SchedulerOutput, duration: float, expert_bytes_run: int
+        self, output: SchedulerOutput, duration: float, expert_bytes_run: int, drafted: DraftCost
     ) -> StepCharge:
-        """Meter the step and book each chunk's seconds, FLOPs and bytes on its request."""
+        """Meter the step and book each chunk's seconds, FLOPs and bytes on its request (a
+        draft model's passes on the chunks they ran for)."""
         works = [_chunk_work(c) for c in output.chunks]
-        charge = self.meter.charge_step(works, duration, expert_bytes_run)
+        ids = [c.request_id for c in output.chunks]
+        charge = self.meter.charge_step(
+            works,
+            duration,
+            expert_bytes_run,
+            draft_flops=[drafted.flops.get(rid, 0.0) for rid in ids],
+            draft_bytes=[drafted.bytes.get(rid, 0.0) for rid in ids],
+        )
         for chunk, seconds, flops, nbytes in zip(
             output.chunks,
             charge.chunk_seconds,

@@ -1,5 +1,9 @@
 """Which draft tokens a decode carries (scheduler rule 10): proposed within their limits, their
-KV slots allocated, and the backoff a decode whose drafts were all rejected begins."""
+KV slots allocated, and the backoff a decode whose drafts were all rejected begins.
+
+With a draft model the scheduler proposes no tokens itself: it reserves DRAFT_SLOT
+placeholders, budgeted and allocated like n-gram drafts, which the engine's draft model fills
+before the pass (engine/draft_model.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from scheduler.ngram_proposer import propose_ngram_drafts
 from scheduler.output import RunnerOutput, ScheduledChunk
 from scheduler.request import Request
 from scheduler.speculative_config import SpeculativeConfig
+
+DRAFT_SLOT = -1  # a draft position the draft model fills before the runner sees the chunk
 
 
 def scheduled_drafts(
@@ -29,8 +35,9 @@ def scheduled_drafts(
 def propose_drafts(
     request: Request, spec: SpeculativeConfig, room: int, max_model_len: int
 ) -> list[int]:
-    """At most `room` n-gram drafts for the request's next decode, none past max_tokens (the
-    token sampled after them comes last) or the context; none while its backoff lasts."""
+    """At most `room` drafts for the request's next decode (n-gram tokens, or slots for the
+    draft model), none past max_tokens (the token sampled after them comes last) or the
+    context; none while its backoff lasts."""
     if request.draft_backoff.skips():
         return []
     limit = min(
@@ -41,6 +48,8 @@ def propose_drafts(
     )
     if limit < 1:
         return []
+    if spec.method == "draft_model":
+        return [DRAFT_SLOT] * limit
     return propose_ngram_drafts(
         request.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, limit
     )

@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="speculative decoding, vLLM's JSON: "
         '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, '
-        "\"prompt_lookup_min\": 2}' (n-gram drafts from the request's own tokens)",
+        "\"prompt_lookup_min\": 2}' (n-gram drafts from the request's own tokens) or "
+        '\'{"model": PATH, "num_speculative_tokens": 3}\' (drafts from a smaller model '
+        "sharing the tokenizer)",
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(

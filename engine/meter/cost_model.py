@@ -395,6 +395,23 @@ class CostModel:
         return full * head(LOGIT_ROWS_PER_PASS) + head(rest)
 
 
+def with_added_work(
+    cost: StepCost, chunks: list[ChunkWork], flops: list[float], num_bytes: list[float]
+) -> StepCost:
+    """`cost` with more FLOPs and bytes on each chunk (aligned with chunks), in its phase."""
+    chunk_flops = [f + extra for f, extra in zip(cost.chunk_flops, flops, strict=True)]
+    chunk_bytes = [b + extra for b, extra in zip(cost.chunk_bytes, num_bytes, strict=True)]
+    decode = [c.is_decode for c in chunks]
+    return StepCost(
+        prefill_flops=sum(f for f, d in zip(chunk_flops, decode) if not d),
+        decode_flops=sum(f for f, d in zip(chunk_flops, decode) if d),
+        prefill_bytes=sum(b for b, d in zip(chunk_bytes, decode) if not d),
+        decode_bytes=sum(b for b, d in zip(chunk_bytes, decode) if d),
+        chunk_flops=chunk_flops,
+        chunk_bytes=chunk_bytes,
+    )
+
+
 def _moe_fields(config: Any) -> dict[str, int]:
     """ModelShape's mixture-of-experts fields from an HF config; none for a dense model. Which
     layers are sparse follows transformers (as engine/models/moe.py's moe_layer_indices; this

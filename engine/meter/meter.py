@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engine.meter.attribution import split_step_time
 from engine.meter.config import MeterConfig
-from engine.meter.cost_model import ChunkWork, CostModel, StepCost
+from engine.meter.cost_model import ChunkWork, CostModel, StepCost, with_added_work
 from engine.meter.peaks import Peaks
 
 
@@ -38,10 +38,19 @@ class Meter:
         self.peaks = peaks
 
     def charge_step(
-        self, chunks: list[ChunkWork], duration: float, expert_bytes_run: int | None = None
+        self,
+        chunks: list[ChunkWork],
+        duration: float,
+        expert_bytes_run: int | None = None,
+        draft_flops: list[float] | None = None,
+        draft_bytes: list[float] | None = None,
     ) -> StepCharge:
-        """expert_bytes_run: bytes of the experts the step ran (CostModel.step_cost)."""
+        """expert_bytes_run: bytes of the experts the step ran (CostModel.step_cost);
+        draft_flops / draft_bytes: per chunk, a draft model's passes run for it this step
+        (engine/draft_model.py), added to the chunk's own before the time is split."""
         cost = self.cost_model.step_cost(chunks, expert_bytes_run=expert_bytes_run)
+        if draft_flops is not None and draft_bytes is not None:
+            cost = with_added_work(cost, chunks, draft_flops, draft_bytes)
         seconds = split_step_time(
             duration,
             cost.chunk_flops,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 from server_process import ServerProcess
-from serverproc import API_KEY, FAULT_TOKEN_ID, NGRAM_SPEC, OVERLOAD_ARGS
+from serverproc import API_KEY, DRAFT_MODEL_SPEC, FAULT_TOKEN_ID, NGRAM_SPEC, OVERLOAD_ARGS
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +79,9 @@ async def http(main_server: ServerProcess):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     async with httpx.AsyncClient(base_url=main_server.base_url, headers=headers, timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def draft_model_server_launched(server_logs: Path) -> Iterator[ServerProcess]:
+    spec = json.dumps(DRAFT_MODEL_SPEC)
+    yield from _launched("draft-model", ["--speculative-config", spec], server_logs)

@@ -24,6 +24,9 @@ OVERLOAD_ARGS = ["--max-num-seqs", "1", "--max-waiting-requests", "2", "--reques
                  str(OVERLOAD_TIMEOUT_S), "--drain-grace-period", "2"]  # fmt: skip
 # test_speculative_decoding.py's server: n-gram speculative decoding.
 NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+# The embedded model drafting for itself: the draft-model path end to end (its drafts are
+# nearly all accepted), not a pair that would be faster.
+DRAFT_MODEL_SPEC = {"model": "default", "num_speculative_tokens": 3}
 
 
 async def engine_info(http: httpx.AsyncClient) -> dict:

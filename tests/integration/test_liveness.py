@@ -117,8 +117,9 @@ async def test_wedged_step_reports_stalled_until_it_clears(
     crash_server: ServerProcess,
     overload_server_launched: ServerProcess,
     ngram_server_launched: ServerProcess,
+    draft_model_server_launched: ServerProcess,
 ):
-    # The three servers asked for are only launched: their models load while the step hangs.
+    # The four servers asked for are only launched: their models load while the step hangs.
     assert (await wedge_http.get("/health")).status_code == 200
     hung_prompt = await _prompt_ids(wedge_http, "Hello there") + [HANG_TOKEN_ID]
     body = {"model": MODEL, "prompt": hung_prompt, "max_tokens": 4, "ignore_eos": True}

@@ -1,9 +1,10 @@
-"""N-gram speculative decoding over HTTP on the real model, with the openai SDK: a server
-started with vLLM's --speculative-config serves copying requests with drafts accepted, and
+"""Speculative decoding over HTTP on the real model, with the openai SDK, for each method: a
+server started with vLLM's --speculative-config (n-gram drafts; the embedded model as its own
+draft model) serves copying requests with drafts accepted, and
 streaming, stop strings, n > 1 sampling and logprobs keep their contract (usage equals the
 tokens delivered, a stop string ends the text, drafts never reach a client past a stop).
 Its Prometheus counters show drafts verified and accepted, and generation tokens equal the
-completion tokens the clients got. A draft-model config is refused at start, by name.
+completion tokens the clients got. A draft model that cannot load is refused at start, by name.
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ PASSAGE = (Path(__file__).resolve().parents[2] / "loadtest/data/gettysburg_addre
 COPY = [{"role": "user", "content": "Copy the following text exactly:\n\n" + PASSAGE[:400]}]
 
 
-@pytest.fixture(scope="module")
-def ngram_server(ngram_server_launched: ServerProcess) -> Iterator[ServerProcess]:
-    """serverproc.NGRAM_SPEC, launched early (conftest); stopped at this module's end."""
-    with ngram_server_launched.running() as server:
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def spec_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """serverproc.NGRAM_SPEC or DRAFT_MODEL_SPEC, launched early (conftest); stopped once
+    its tests ran."""
+    launched: ServerProcess = request.getfixturevalue(f"{request.param}_server_launched")
+    with launched.running() as server:
         yield server
 
 
 @pytest.fixture
-def client(ngram_server: ServerProcess) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=ngram_server.base_url + "/v1", api_key="none", max_retries=0)
+def client(spec_server: ServerProcess) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=spec_server.base_url + "/v1", api_key="none", max_retries=0)
 
 
 def counters(server: ServerProcess) -> dict[str, float]:
@@ -52,9 +55,9 @@ def counters(server: ServerProcess) -> dict[str, float]:
 
 
 async def test_copying_is_served_with_accepted_drafts_and_metered_exactly(
-    client: AsyncOpenAI, ngram_server: ServerProcess
+    client: AsyncOpenAI, spec_server: ServerProcess
 ) -> None:
-    before = counters(ngram_server)
+    before = counters(spec_server)
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=COPY,
@@ -71,7 +74,7 @@ async def test_copying_is_served_with_accepted_drafts_and_metered_exactly(
             usage = chunk.usage
     assert usage is not None and usage.completion_tokens > 40
     assert "Four score and seven years ago" in text
-    after = counters(ngram_server)
+    after = counters(spec_server)
     drafted = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
     accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
     print(f"drafted {drafted}, accepted {accepted}, completion tokens {usage.completion_tokens}")
@@ -83,7 +86,7 @@ async def test_copying_is_served_with_accepted_drafts_and_metered_exactly(
 
 
 async def test_the_progress_stream_shows_each_passs_drafts_and_accepted_tokens(
-    ngram_server: ServerProcess,
+    spec_server: ServerProcess,
 ) -> None:
     body = {
         "model": MODEL,
@@ -95,7 +98,7 @@ async def test_the_progress_stream_shows_each_passs_drafts_and_accepted_tokens(
     }
     progress, usage = [], None
     async with (
-        httpx.AsyncClient(base_url=ngram_server.base_url, timeout=120) as http,
+        httpx.AsyncClient(base_url=spec_server.base_url, timeout=120) as http,
         http.stream("POST", "/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200
@@ -176,11 +179,11 @@ async def test_a_json_schema_holds_with_drafts_checked_against_the_grammar(
     assert set(value) == {"first_words", "year"} and isinstance(value["year"], int)
 
 
-def test_a_draft_model_config_is_refused_at_start(server_logs: Path) -> None:
+def test_a_draft_model_that_cannot_load_is_refused_at_start(server_logs: Path) -> None:
     config = json.dumps({"model": "/models/draft", "num_speculative_tokens": 3})
-    server = ServerProcess("draft-model", ["--speculative-config", config], server_logs)
+    server = ServerProcess("missing-draft-model", ["--speculative-config", config], server_logs)
     try:
         assert server.wait_exit(120) != 0
-        assert "speculation with a draft model is not served" in server.log_tail()
+        assert "model path does not exist: /models/draft" in server.log_tail()
     finally:
         server.stop()

@@ -75,13 +75,32 @@ def test_config_reads_vllms_json_and_fills_one_lookup_size_from_the_other() -> N
     assert config.max_backoff_steps == 0
 
 
+def test_config_reads_a_draft_model_as_vllm_does() -> None:
+    config = SpeculativeConfig.from_json('{"model": "/m/draft", "num_speculative_tokens": 3}')
+    assert (config.method, config.model, config.num_speculative_tokens) == (
+        "draft_model",
+        "/m/draft",
+        3,
+    )
+    config = SpeculativeConfig.from_json(
+        '{"method": "draft_model", "model": "d.gguf", "num_speculative_tokens": 2, '
+        '"max_backoff_steps": 0}'
+    )
+    assert (config.model, config.max_backoff_steps) == ("d.gguf", 0)
+    with pytest.raises(ValueError, match="only"):
+        SpeculativeConfig(num_speculative_tokens=2, method="draft_model")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("not json", "not JSON"),
         ("[1]", "JSON object"),
         ('{"method": "eagle", "num_speculative_tokens": 2}', "'eagle' is not served"),
-        ('{"model": "/m", "num_speculative_tokens": 2}', "draft model is not served"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', 'needs "model"'),
+        ('{"model": "/m", "num_speculative_tokens": 2, "prompt_lookup_max": 3}', "prompt_lookup"),
+        ('{"method": "ngram", "model": "/m", "num_speculative_tokens": 2}', "'ngram'.*model"),
+        ('{"model": 3, "num_speculative_tokens": 2}', 'needs "model"'),
         ('{"method": "ngram"}', "needs num_speculative_tokens"),
         ('{"num_speculative_tokens": 0}', "must be in 1..16"),
         ('{"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}', "<="),

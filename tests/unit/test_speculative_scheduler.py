@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kvcache.kv_cache_manager import KVCacheManager
 from scheduler.config import SchedulerConfig
+from scheduler.drafting import DRAFT_SLOT
 from scheduler.output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from scheduler.request import Request
 from scheduler.sampling_params import SamplingParams, StructuredOutput
@@ -216,3 +217,20 @@ def test_backoff_doubles_up_to_its_bound_and_zero_never_backs_off() -> None:
     assert not backoff.record(0, 0, 8)  # a decode without drafts changes nothing
     never = DraftBackoff()
     assert not never.record(3, 0, max_backoff_steps=0) and not never.skips()
+
+
+def test_with_a_draft_model_every_decode_reserves_its_slots_within_the_limits() -> None:
+    spec = SpeculativeConfig(num_speculative_tokens=3, method="draft_model", model="/d")
+    sched = Scheduler(SchedulerConfig(speculative=spec), KVCacheManager(64, 4, True))
+    request = add(sched, "a", [5, 6, 7], max_tokens=6)  # no n-gram anywhere: slots all the same
+    prefill(sched, first_token=8)
+    out = sched.schedule()
+    (chunk,) = out.chunks
+    assert chunk.draft_token_ids == [DRAFT_SLOT] * 3 and chunk.token_ids == [8] + [DRAFT_SLOT] * 3
+    # The KV slots of the token and its three drafts are allocated: positions 3..6.
+    assert len(chunk.block_table) * 4 >= 7
+    chunk.draft_token_ids[:] = chunk.token_ids[1:] = [9, 10, 11]  # what the draft model fills
+    sched.update(out, agree(out, {"a": 3}, sampled=12))
+    assert request.output_token_ids == [8, 9, 10, 11, 12]
+    (chunk,) = sched.schedule().chunks  # one token left under max_tokens: no slot
+    assert chunk.draft_token_ids == []

@@ -1,0 +1,245 @@
+"""DraftModel: speculative decoding's drafts from a smaller model (method "draft_model").
+
+The scheduler reserves each drafting decode's slots (scheduler/drafting.py, DRAFT_SLOT) and
+allocates their KV blocks; before the target's pass, propose() fills them: the draft model
+catches up on the request's tokens it has not seen, then proposes one token per pass, greedily,
+every drafting request in the same passes. The target verifies them as it verifies n-gram drafts
+(engine/draft_verification.py): drafts proposed without looking at the target's draws leave
+every emitted token's distribution that of plain decoding, so what the draft model proposes
+only ever changes how many drafts are accepted, never the output.
+
+The draft model's KV cache shares the target's block tables: a block id holds the target's K/V
+in the target's tensors and the draft's in the draft's, so the scheduler's allocation,
+preemption and freeing cover both. What the draft tensors hold for a request is remembered as
+the tokens written and the block table they went into; a later step reuses the longest prefix
+on which both still agree (after a preemption the blocks differ and it starts over; prefix-cache
+hits of a new request are written again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.loader import LoadedCheckpoint, ModelLoadError, load_checkpoint
+from engine.meter.cost_model import ChunkWork, CostModel, ModelShape
+from engine.model_runner import ModelRunner
+from engine.sliding_windows import layer_windows
+from scheduler.output import ScheduledChunk, SchedulerOutput
+from scheduler.sampling_params import SamplingParams
+from scheduler.speculative_config import SpeculativeConfig
+
+log = logging.getLogger(__name__)
+
+_GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+@dataclass(slots=True)
+class _Written:
+    """What one request's draft K/V holds: token_ids[p] at position p, in block_table."""
+
+    token_ids: list[int]
+    block_table: list[int]
+
+    def reusable(self, token_ids: list[int], block_table: list[int], block_size: int) -> int:
+        """Leading positions still valid for a request now holding these tokens and blocks."""
+        same_tokens = _common_prefix(self.token_ids, token_ids)
+        same_blocks = _common_prefix(self.block_table, block_table)
+        return min(same_tokens, same_blocks * block_size)
+
+
+@dataclass(slots=True)
+class DraftCost:
+    """FLOPs and bytes of one step's draft passes, per drafting request."""
+
+    flops: dict[str, float] = field(default_factory=dict)
+    bytes: dict[str, float] = field(default_factory=dict)
+    num_passes: int = 0
+
+
+class DraftModel:
+    """A second model runner over the target's block tables; propose() fills a step's slots."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        spec: SpeculativeConfig,
+        target: LoadedCheckpoint,
+        max_model_len: int,
+    ) -> None:
+        checkpoint = load_checkpoint(spec.model)
+        _check_compatible(checkpoint, target, max_model_len, spec.model)
+        # The fault-injection tokens stay with the target, whose failures the engine isolates.
+        draft_config = dataclasses.replace(
+            config,
+            model=spec.model,
+            quantization="none",
+            speculative=None,
+            debug_fault_token_id=None,
+            debug_hang_token_id=None,
+            debug_crash_token_id=None,
+        )
+        self.runner = ModelRunner(draft_config, checkpoint, max_model_len)
+        self.shape = ModelShape.from_hf_config(
+            checkpoint.config, self.runner.dtype_bytes, self.runner.num_params
+        )
+        self.block_size = config.block_size
+        self.name = checkpoint.name
+        self.cost_model: CostModel | None = None  # once the KV cache (and decode stack) exist
+        self._written: dict[str, _Written] = {}
+
+    def kv_bytes_per_block(self) -> int:
+        return self.runner.kv_bytes_per_block()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.runner.allocate_kv_cache(num_blocks)
+        self.cost_model = CostModel(self.shape, self.runner.weight_bytes())
+
+    def forget(self, finished_request_ids: list[str]) -> None:
+        """Drop what is remembered for requests that finished."""
+        for request_id in finished_request_ids:
+            self._written.pop(request_id, None)
+
+    def propose(self, chunks: list[ScheduledChunk]) -> DraftCost:
+        """Fill the drafting decodes' slots in place (token_ids and draft_token_ids). The first
+        pass also writes every other chunk's new tokens into the draft K/V, so a decode's
+        catch-up is its last token, and prefills stay within the step's token budget. If a
+        draft pass fails, this step's decodes go without drafts (logged), and nothing else
+        changes."""
+        cost = DraftCost()
+        try:
+            proposed = self._run_passes(chunks, cost)
+        except Exception:
+            log.exception("draft model pass failed; this step's decodes verify no drafts")
+            for chunk in chunks:
+                self._written.pop(chunk.request_id, None)
+                _drop_slots(chunk)
+            return cost
+        for chunk in chunks:
+            if chunk.draft_token_ids:
+                _fill(chunk, proposed[chunk.request_id])
+            self._remember(chunk)
+        return cost
+
+    def _run_passes(self, chunks: list[ScheduledChunk], cost: DraftCost) -> dict[str, list[int]]:
+        """Draft pass 1 over every chunk's unwritten tokens, then one pass per further draft."""
+        slots = {c.request_id: len(c.draft_token_ids) for c in chunks if c.draft_token_ids}
+        proposed: dict[str, list[int]] = {rid: [] for rid in slots}
+        passes = [p for p in (self._catch_up(c) for c in chunks) if p.token_ids]
+        while passes:
+            sampled = self.runner.execute(SchedulerOutput(chunks=passes)).sampled_token_ids
+            self._charge(passes, cost)
+            following = []
+            for chunk in passes:
+                if not chunk.samples:
+                    continue
+                drafts = proposed[chunk.request_id]
+                drafts.append(sampled[chunk.request_id])
+                if len(drafts) < slots[chunk.request_id]:
+                    following.append(_draft_chunk(chunk, [drafts[-1]], chunk.context_len))
+            passes = following
+        return proposed
+
+    def _catch_up(self, chunk: ScheduledChunk) -> ScheduledChunk:
+        """A chunk's first draft pass: the known tokens through this chunk that the draft K/V
+        lacks; a drafting decode's pass samples at its last known token (its first draft)."""
+        known = chunk.prompt_token_ids + chunk.output_token_ids
+        end = chunk.context_len - chunk.num_draft_tokens
+        written = self._written.get(chunk.request_id)
+        start = (
+            0
+            if written is None
+            else written.reusable(known[:end], chunk.block_table, self.block_size)
+        )
+        drafting = bool(chunk.draft_token_ids)
+        if drafting:  # the last known token's logits propose the first draft
+            start = min(start, end - 1)
+        return _draft_chunk(chunk, known[start:end], start, samples=drafting)
+
+    def _remember(self, chunk: ScheduledChunk) -> None:
+        """The chunk's known tokens, then every draft but the last (no pass ran on it)."""
+        known = chunk.prompt_token_ids + chunk.output_token_ids
+        end = chunk.context_len - chunk.num_draft_tokens
+        self._written[chunk.request_id] = _Written(
+            known[:end] + chunk.draft_token_ids[:-1], list(chunk.block_table)
+        )
+
+    def _charge(self, passes: list[ScheduledChunk], cost: DraftCost) -> None:
+        assert self.cost_model is not None
+        works = [
+            ChunkWork(len(c.token_ids), c.context_len, c.samples, len(c.token_ids) == 1)
+            for c in passes
+        ]
+        step = self.cost_model.step_cost(works)
+        for chunk, flops, nbytes in zip(passes, step.chunk_flops, step.chunk_bytes, strict=True):
+            rid = chunk.request_id
+            cost.flops[rid] = cost.flops.get(rid, 0.0) + flops
+            cost.bytes[rid] = cost.bytes.get(rid, 0.0) + nbytes
+        cost.num_passes += 1
+
+
+NO_DRAFT_COST = DraftCost()
+
+
+def _fill(chunk: ScheduledChunk, drafts: list[int]) -> None:
+    chunk.draft_token_ids[:] = drafts
+    chunk.token_ids[-len(drafts) :] = drafts
+
+
+def _drop_slots(chunk: ScheduledChunk) -> None:
+    """The chunk goes as a plain decode: its unfilled slots leave it (their blocks stay
+    allocated to the request, as unused draft slots always do)."""
+    if chunk.draft_token_ids:
+        del chunk.token_ids[-len(chunk.draft_token_ids) :]
+        chunk.draft_token_ids.clear()
+
+
+def _draft_chunk(
+    chunk: ScheduledChunk, token_ids: list[int], start: int, samples: bool = True
+) -> ScheduledChunk:
+    """A greedy pass of the draft model over token_ids at positions start.. of the request."""
+    return ScheduledChunk(
+        request_id=chunk.request_id,
+        token_ids=token_ids,
+        start_position=start,
+        block_table=chunk.block_table,
+        samples=samples,
+        num_prompt_tokens=chunk.num_prompt_tokens,
+        sampling_params=_GREEDY,
+        prompt_token_ids=chunk.prompt_token_ids,
+        output_token_ids=chunk.output_token_ids,
+    )
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _check_compatible(
+    draft: LoadedCheckpoint, target: LoadedCheckpoint, max_model_len: int, path: str
+) -> None:
+    """A draft model must speak the target's token ids, see the whole context, and attend to
+    all of it (the shared block tables lose what a sliding window frees)."""
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ModelLoadError(
+            f"draft model {path} has a different vocabulary from the target: a draft model must "
+            "share the target's tokenizer"
+        )
+    limit = getattr(draft.config, "max_position_embeddings", None) or 2048
+    if limit < max_model_len:
+        raise ModelLoadError(
+            f"draft model {path} handles {limit} positions, less than the context "
+            f"({max_model_len}): pass --max-model-len {limit} or less"
+        )
+    for name, checkpoint in (("draft model", draft), ("target model", target)):
+        if any(window is not None for window in layer_windows(checkpoint.config)):
+            raise ModelLoadError(
+                f"speculation with a draft model is not served with sliding-window attention "
+                f"(the {name} has it)"
+            )
