@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_equivalence import MAX_NEW_TOKENS, Reference, build_prompts, hf_greedy_references
+from tiny_draft import write_tiny_draft
 
 from engine.loader import hf_checkpoint_dir
 
@@ -48,3 +49,10 @@ def hf_references(real_model_dir: Path, real_tokenizer, prompts) -> list[Referen
             return hf_greedy_references(model, prompts, MAX_NEW_TOKENS, eos)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with the real model's tokenizer and context: a draft model
+    that shares the vocabulary and agrees with almost nothing."""
+    return write_tiny_draft(real_model_dir, tmp_path_factory.mktemp("tiny-draft"))

@@ -7,6 +7,7 @@ The same holds under preemption, prefix-cache hits and chunked prefill.
 
 from __future__ import annotations
 
+import pytest
 from engine_equivalence import (
     CHAT_QUESTIONS,
     MAX_NEW_TOKENS,
@@ -15,8 +16,10 @@ from engine_equivalence import (
     assert_equivalent,
     compare,
 )
+from tiny_draft import write_tiny_draft
 
 from engine.llm import LLM, GenerationOutput
+from engine.loader import ModelLoadError
 from scheduler.output import TokenLogprobs
 from scheduler.sampling_params import SamplingParams
 from scheduler.speculative_config import SpeculativeConfig
@@ -97,7 +100,77 @@ def test_equal_with_speculative_decoding(prompts, hf_references) -> None:
     # Drafts from 1- to 3-token matches, up to 4 per decode, verified in the decode's pass.
     spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
     llm = _llm(speculative=spec)
-    counts = {"drafts": 0, "accepted": 0}
+    counts = _count_steps(llm)
+    outputs = llm.generate(prompts, GREEDY)
+    print(f"draft tokens {counts['drafts']}, accepted {counts['accepted']}")
+    assert counts["accepted"] > 0 and counts["drafts"] > counts["accepted"]
+    assert_equivalent(outputs, hf_references)
+    _assert_clean(llm)
+
+
+def test_equal_with_a_draft_model_under_preemption(prompts, hf_references) -> None:
+    # The model drafting for itself: nearly every draft is accepted, and the draft's K/V,
+    # kept in the target's block ids, survives preemption and prefix-cache hits or is rebuilt.
+    spec = SpeculativeConfig(num_speculative_tokens=4, method="draft_model", model="default")
+    llm = _llm(speculative=spec, kv_cache_bytes=2 * 40 * FP32_BLOCK_BYTES)
+    assert llm.engine.kv_cache_info.num_blocks == 40  # a block holds both models' K/V
+    counts = _count_steps(llm)
+    outputs = llm.generate(prompts, GREEDY)
+    print(f"draft tokens {counts['drafts']}, accepted {counts['accepted']}, {counts}")
+    assert llm.engine.num_preemptions_total > 0
+    assert counts["accepted"] >= 0.9 * counts["drafts"] > 0
+    assert_equivalent(outputs, hf_references)
+    _assert_clean(llm)
+
+
+def test_the_meter_bills_the_draft_models_passes(prompts) -> None:
+    # The model drafting for itself, every draft accepted: each token runs once in the draft
+    # model and once in the target, so the steps' FLOPs are twice plain decoding's (less the
+    # draft's last row per pass, which needs no logits).
+    spec = SpeculativeConfig(num_speculative_tokens=4, method="draft_model", model="default")
+    flops = []
+    for llm in (_llm(), _llm(speculative=spec)):
+        counts = _count_steps(llm)
+        llm.generate(prompts[:6], GREEDY)
+        assert llm.engine.num_preemptions_total == 0
+        flops.append(counts["flops"])
+    print(f"FLOPs with the draft model / without: {flops[1] / flops[0]:.3f}")
+    assert 1.9 < flops[1] / flops[0] <= 2.0
+
+
+def test_equal_with_a_random_draft_model(prompts, hf_references, tiny_draft_dir) -> None:
+    # A draft model that agrees with nothing: only the acceptance changes, never the output.
+    spec = SpeculativeConfig(
+        num_speculative_tokens=3, method="draft_model", model=str(tiny_draft_dir)
+    )
+    llm = _llm(speculative=spec)
+    counts = _count_steps(llm)
+    outputs = llm.generate(prompts, GREEDY)
+    print(f"draft tokens {counts['drafts']}, accepted {counts['accepted']}")
+    assert counts["drafts"] > 0 and counts["accepted"] < counts["drafts"] / 4
+    assert_equivalent(outputs, hf_references)
+    _assert_clean(llm)
+
+
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        ({"extra_token": "<draft-only>"}, "different vocabulary"),
+        ({"max_positions": 1024}, "--max-model-len 1024"),
+    ],
+)
+def test_a_draft_model_that_cannot_serve_is_refused_naming_why(
+    real_model_dir, tmp_path, variant, message
+) -> None:
+    draft = write_tiny_draft(real_model_dir, tmp_path / "draft", **variant)
+    spec = SpeculativeConfig(num_speculative_tokens=2, method="draft_model", model=str(draft))
+    with pytest.raises(ModelLoadError, match=message):
+        _llm(speculative=spec)
+
+
+def _count_steps(llm: LLM) -> dict[str, float]:
+    """Counts the engine's steps' drafts, accepted drafts and metered FLOPs from now on."""
+    counts = {"drafts": 0, "accepted": 0, "flops": 0.0}
     step = llm.engine.step
 
     def counting_step():
@@ -105,14 +178,11 @@ def test_equal_with_speculative_decoding(prompts, hf_references) -> None:
         if result.stats is not None:
             counts["drafts"] += result.stats.num_draft_tokens
             counts["accepted"] += result.stats.num_accepted_draft_tokens
+            counts["flops"] += result.stats.prefill_flops + result.stats.decode_flops
         return result
 
     llm.engine.step = counting_step
-    outputs = llm.generate(prompts, GREEDY)
-    print(f"draft tokens {counts['drafts']}, accepted {counts['accepted']}")
-    assert counts["accepted"] > 0 and counts["drafts"] > counts["accepted"]
-    assert_equivalent(outputs, hf_references)
-    _assert_clean(llm)
+    return counts
 
 
 def test_bfloat16_smoke(prompts, hf_references) -> None:
