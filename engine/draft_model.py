@@ -10,10 +10,12 @@ only ever changes how many drafts are accepted, never the output.
 
 The draft model's KV cache shares the target's block tables: a block id holds the target's K/V
 in the target's tensors and the draft's in the draft's, so the scheduler's allocation,
-preemption and freeing cover both. What the draft tensors hold for a request is remembered as
-the tokens written and the block table they went into; a later step reuses the longest prefix
-on which both still agree (after a preemption the blocks differ and it starts over; prefix-cache
-hits of a new request are written again).
+preemption and freeing cover both, and a prefix-cache hit brings the draft's K/V with the
+target's. Every step's first draft pass writes the positions the target computes in that step,
+so the draft K/V of computed positions is the draft's own for the true tokens; what a decode's
+draft passes wrote is remembered (tokens and block table), and the next step rewrites from the
+first position where a rejected draft, or the last draft (on which no pass ran), left it stale.
+If a draft pass fails, positions go unwritten: later drafts over them are worse, never wrong.
 """
 
 from __future__ import annotations
@@ -144,16 +146,25 @@ class DraftModel:
 
     def _catch_up(self, chunk: ScheduledChunk) -> ScheduledChunk:
         """A chunk's first draft pass: the known tokens through this chunk that the draft K/V
-        lacks; a drafting decode's pass samples at its last known token (its first draft)."""
+        lacks; a drafting decode's pass samples at its last known token (its first draft).
+
+        A prefill chunk's earlier positions were written by the draft in the steps that
+        computed them, or are prefix-cache hits, written when their blocks were computed: the
+        pass mirrors the target's chunk, within the step's token budget. A decode's are what
+        the draft last wrote for it, up to the first draft the target rejected (its last draft
+        was never run)."""
         known = chunk.prompt_token_ids + chunk.output_token_ids
         end = chunk.context_len - chunk.num_draft_tokens
-        written = self._written.get(chunk.request_id)
-        start = (
-            0
-            if written is None
-            else written.reusable(known[:end], chunk.block_table, self.block_size)
-        )
         drafting = bool(chunk.draft_token_ids)
+        if chunk.is_decode:
+            written = self._written.get(chunk.request_id)
+            start = (
+                0
+                if written is None
+                else written.reusable(known[:end], chunk.block_table, self.block_size)
+            )
+        else:
+            start = chunk.start_position
         if drafting:  # the last known token's logits propose the first draft
             start = min(start, end - 1)
         return _draft_chunk(chunk, known[start:end], start, samples=drafting)
