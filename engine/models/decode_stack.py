@@ -13,7 +13,8 @@ the CPU-kernel layer ops and attention backend, bias-free linears whose small ba
 a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in the tile layout or row-major
 (PackedLinear's small-batch path); Qwen3's per-head q/k norms run on the same kernel as in
 the layer loop (rms_norm_heads); a mixture-of-experts layer's MLP is its router (such a
-linear), moe_route and moe_experts, the calls SparseMoE.forward makes. Any other step, or
+linear), moe_route and moe_experts (or moe_experts_gguf over a GGUF's stacked experts), the
+calls SparseMoE.forward makes. Any other step, or
 model, takes the Python path.
 """
 
@@ -33,6 +34,7 @@ DENSE_KIND = -1  # the native stack's kind for a PackedLinear's row-major bf16 w
 GGUF_PARTS_KIND = -2  # a GGUFLinear: its parts' (ggml type, rows, int8 activations), then blocks
 TILES_KIND = -3  # a PackedLinear's tiles (amx_pack_weight), read by tile_small_linear
 EXPERTS_KIND = -4  # a SparseMoE's experts and routing, in down's place (its router in gate_up's)
+GGUF_EXPERTS_KIND = -5  # a SparseMoE's GGUF experts (stacked blocks) and routing, likewise
 
 
 class DecodeStack:
@@ -54,7 +56,7 @@ class DecodeStack:
 
     def run(self, embeddings: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
         """Embeddings of the step's rows -> (final-normed hidden states, K/V written; the
-        (layer, expert) pairs the step ran, 0 for a dense model)."""
+        (layer, expert) pairs the step ran and their experts' bytes, 0 for a dense model)."""
         return self.native.run(
             embeddings,
             positions,
@@ -140,8 +142,9 @@ def _linears(layer) -> tuple:
 
 
 def _native_experts(mlp) -> bool:
-    """A dense MLP, or a SparseMoE whose experts moe_experts runs (bf16 tiles)."""
-    return not isinstance(mlp, SparseMoE) or mlp.tiled
+    """A dense MLP, or a SparseMoE whose experts moe_experts runs (bf16 tiles) or
+    moe_experts_gguf (a GGUF's stacked blocks)."""
+    return not isinstance(mlp, SparseMoE) or mlp.tiled or mlp.gguf_kernels is not None
 
 
 def _mlp_specs(mlp) -> list:
@@ -150,6 +153,13 @@ def _mlp_specs(mlp) -> list:
     if not isinstance(mlp, SparseMoE):
         return [_linear_spec(mlp.gate_up_proj), _linear_spec(mlp.down_proj)]
     routing = [mlp.top_k, int(mlp.norm_topk_prob), int(mlp.round_routing_weights)]
+    if mlp.gguf_kernels is not None:
+        gate, up, down = mlp.gguf_stacked
+        meta = [gate.kind, up.kind, down.kind, mlp.num_experts, mlp.intermediate_size]
+        meta += [*routing, int(mlp.gguf_int8_activations), mlp.bytes_per_expert]
+        experts = [gate.blocks, up.blocks, down.blocks, torch.tensor(meta)]
+        return [_linear_spec(mlp.gate), (GGUF_EXPERTS_KIND, experts)]
+    routing.append(mlp.bytes_per_expert)
     experts = [mlp.gate_up_proj.detach(), mlp.down_proj.detach(), torch.tensor(routing)]
     return [_linear_spec(mlp.gate), (EXPERTS_KIND, experts)]
 

@@ -223,9 +223,11 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config, shape.head_dim, max_positions, dtype)
         # Set by the runner once the KV cache exists (engine/models/decode_stack.py): runs
         # small decode-only steps' layers in one native call, bit-identical to the loop below;
-        # stack_experts_run: the experts it ran in the last forward (None: the loop ran).
+        # stack_experts_run, stack_expert_bytes: the experts it ran in the last forward and
+        # their bytes, layer by layer (None: the loop ran).
         self.decode_stack = None
         self.stack_experts_run = None
+        self.stack_expert_bytes = 0
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -234,7 +236,9 @@ class LlamaForCausalLM(nn.Module):
             hidden = hidden * self.shape.embedding_multiplier
         stack = self.decode_stack
         if stack is not None and stack.takes(meta, hidden.shape[0], kv_cache):
-            hidden, self.stack_experts_run = stack.run(hidden, positions, meta)
+            hidden, self.stack_experts_run, self.stack_expert_bytes = stack.run(
+                hidden, positions, meta
+            )
             return hidden
         self.stack_experts_run = None
         rope = self.ops.rotary_inputs(self.rotary, positions)
@@ -266,9 +270,9 @@ class LlamaForCausalLM(nn.Module):
     def expert_bytes_run(self) -> int:
         """Bytes of the experts the last forward ran, layer by layer (a GGUF's layers may
         store their experts in different formats: Q4_K_M files put half the downs in Q6_K)."""
+        if self.stack_experts_run is not None:
+            return self.stack_expert_bytes
         moe = [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
-        if self.stack_experts_run is not None:  # the stack runs tiles: one size everywhere
-            return self.stack_experts_run * (moe[0].bytes_per_expert if moe else 0)
         return sum(mlp.num_experts_run * mlp.bytes_per_expert for mlp in moe)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:

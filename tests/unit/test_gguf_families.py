@@ -22,7 +22,7 @@ import pytest
 import torch
 from gguf import GGUFWriter
 from gguf_models import EOS, VOCAB, T, assert_greedy_equals_oracle, write_tiny_gguf
-from tiny_models import prompts
+from tiny_models import prompts, stack_params
 from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
@@ -399,6 +399,59 @@ def test_native_experts_equal_their_linears(gguf_files, case: str) -> None:
         assert torch.equal(native, loop), tokens
         assert torch.equal(moe(x), native)  # forward takes the native call
         assert native_run == loop_run
+
+
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
+def test_gguf_experts_in_the_decode_stack_equal_the_layer_loop(
+    gguf_files, tmp_path: Path, case: str
+) -> None:
+    """bf16 on the kernels: a GGUF MoE model's decode steps run in the native decode stack,
+    moe_experts_gguf inside it, and give the tokens and logprobs of the layer loop bit for bit,
+    greedy and seeded sampled; the meter's expert bytes are the same at every step (the stack
+    counts each layer's bytes, as the loop does: qwen3moe's layers store their downs in other
+    formats). 32 experts: a router the tiles take (a multiple of 32 outputs), as the stack
+    needs. (gguf_files: for the kernels it loads first, from the real cache.)"""
+    make_config, formats, tied = CASES[case]
+    config = make_config()
+    setattr(config, "num_local_experts" if case == "mixtral" else "num_experts", 32)
+    path = tmp_path / f"stack-{case}.gguf"
+    write_tiny_gguf(path, ARCH.get(case, case), formats, tied, config)
+    llm = LLM(
+        model=str(path),
+        dtype="bfloat16",
+        enable_prefix_caching=False,  # the second run prefills as the first
+        block_size=4,
+        kv_cache_bytes=1 << 20,
+        max_num_batched_tokens=16,
+    )
+    runner, model = llm.engine.runner, llm.engine.runner.model
+    if model.decode_stack is None:
+        pytest.skip("no native decode stack on this machine")
+    stack, execute = model.decode_stack, runner.execute
+    stack_rows, expert_bytes = [], []
+    run = stack.run
+    stack.run = lambda *args: stack_rows.append(args[0].shape[0]) or run(*args)
+
+    def recorded(*args, **kwargs):
+        out = execute(*args, **kwargs)
+        expert_bytes.append(runner.expert_bytes_run)
+        return out
+
+    runner.execute = recorded
+    try:
+        with_stack = llm.generate(prompts()[:3], stack_params())
+        with_stack_bytes, expert_bytes[:] = list(expert_bytes), []
+        model.decode_stack = None
+        without = llm.generate(prompts()[:3], stack_params())
+    finally:
+        model.decode_stack = stack
+        del runner.execute
+    assert {1, 2, 3} <= set(stack_rows)  # decode steps of 3, 2 and 1 rows ran in the stack
+    for a, b in zip(with_stack, without, strict=True):
+        assert a.token_ids == b.token_ids
+        assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]
+    assert [len(o.token_ids) for o in with_stack] == [9, 7, 5]
+    assert with_stack_bytes == expert_bytes and min(expert_bytes) > 0
 
 
 def test_other_expert_layouts_are_refused(tmp_path: Path) -> None:

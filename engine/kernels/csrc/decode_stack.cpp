@@ -79,14 +79,18 @@ struct Activations {
 // The MoE MLP of hidden's rows, in place, as SparseMoE.forward computes it; returns how many
 // experts ran.
 int64_t routed_mlp(const RoutedMlp& moe, int64_t rows, Activations& a, bf16* hidden) {
-  const MoeExperts& experts = moe.experts;
+  const int64_t num_experts =
+      moe.gguf ? moe.gguf_experts.num_experts : moe.experts.num_experts;
   linear(hidden, moe.router, a.logits.data(), rows);
-  moe_route(a.logits.data(), rows, experts.num_experts, moe.top_k, moe.normalize,
-            moe.round_weights, a.picks.data(), a.weights.data());
+  moe_route(a.logits.data(), rows, num_experts, moe.top_k, moe.normalize, moe.round_weights,
+            a.picks.data(), a.weights.data());
+  const MoeScratch scratch = a.moe_scratch(rows * moe.top_k);
   const int64_t run =
-      moe_experts(hidden, a.picks.data(), a.weights.data(), moe.round_weights, experts, rows,
-                  moe.top_k, a.moe_scratch(rows * moe.top_k), a.moe_out.data());
-  std::copy_n(a.moe_out.data(), rows * experts.hidden, hidden);
+      moe.gguf ? moe_experts_gguf(hidden, a.picks.data(), a.weights.data(), moe.round_weights,
+                                  moe.gguf_experts, rows, moe.top_k, scratch, a.moe_out.data())
+               : moe_experts(hidden, a.picks.data(), a.weights.data(), moe.round_weights,
+                             moe.experts, rows, moe.top_k, scratch, a.moe_out.data());
+  std::copy_n(a.moe_out.data(), rows * moe.hidden(), hidden);
   return run;
 }
 
@@ -128,17 +132,20 @@ int64_t decode_stack_max_rows(bool all_gguf) {
 
 int64_t decode_stack(const std::vector<DecodeLayer>& layers, const DecodeStackShape& s,
                      const DecodeStep& step, const bf16* final_norm, bf16* hidden,
-                     bf16* residual) {
+                     bf16* residual, int64_t* expert_bytes) {
   Activations a(s, step.rows);
   const int64_t count = step.rows * s.hidden_size;
   // The first layer: the residual stream starts as the embedding (DecoderLayer, residual None).
   std::copy(hidden, hidden + count, residual);
   rms_norm(residual, layers.front().input_norm, hidden, step.rows, s.hidden_size, s.eps);
   int64_t experts_run = 0;
+  *expert_bytes = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     if (i > 0)
       add_rms_norm(hidden, residual, layers[i].input_norm, step.rows, s.hidden_size, s.eps);
-    experts_run += attend_and_mix(layers[i], s, step, a, hidden, residual);
+    const int64_t run = attend_and_mix(layers[i], s, step, a, hidden, residual);
+    experts_run += run;
+    *expert_bytes += run * layers[i].routed.bytes_per_expert;
   }
   add_rms_norm(hidden, residual, final_norm, step.rows, s.hidden_size, s.eps);
   return experts_run;

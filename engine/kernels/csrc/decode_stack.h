@@ -26,12 +26,17 @@ struct SmallLinear {
 };
 
 // A mixture-of-experts MLP (Qwen3-MoE, Mixtral), as SparseMoE.forward runs it: the router, a
-// small linear to one logit per expert, then moe_route and moe_experts.
+// small linear to one logit per expert, then moe_route and moe_experts (bf16 tiles), or
+// moe_experts_gguf over a GGUF file's stacked blocks where `gguf`.
 struct RoutedMlp {
   SmallLinear router;
   MoeExperts experts{};
+  bool gguf = false;
+  MoeGgufExperts gguf_experts{};
   int64_t top_k = 0;
   bool normalize = false, round_weights = false;
+  int64_t bytes_per_expert = 0;  // what one expert run reads: the meter's expert bytes
+  int64_t hidden() const { return gguf ? gguf_experts.hidden : experts.hidden; }
 };
 
 struct DecodeLayer {
@@ -76,8 +81,9 @@ int64_t decode_stack_max_rows(bool all_gguf);
 // hidden [rows, hidden_size]: the embeddings in, the final-normed hidden states out;
 // residual: scratch of the same size (the residual stream). Returns how many (layer, expert)
 // pairs ran (0 for a dense model), as SparseMoE counts them for the meter.
+// expert_bytes: the bytes of the experts run, layer by layer (each layer's bytes_per_expert).
 int64_t decode_stack(const std::vector<DecodeLayer>& layers, const DecodeStackShape& shape,
                   const DecodeStep& step, const bf16* final_norm, bf16* hidden,
-                  bf16* residual);
+                  bf16* residual, int64_t* expert_bytes);
 
 }  // namespace meterserve

@@ -17,14 +17,18 @@ constexpr int64_t kDense = -1;  // a linear's kind: -1 row-major bf16, -2 GGUF p
 constexpr int64_t kGgufParts = -2;
 constexpr int64_t kTiles = -3;
 constexpr int64_t kExperts = -4;  // in a layer's down place: its MLP is a MoE's
+constexpr int64_t kGgufExperts = -5;  // the same, its experts a GGUF's stacked blocks
 
 // (kind, tensors): (-1, [weight]) row-major bf16 [out_features, in_features]
 // | (-3, [packed]) bf16 in amx_pack_weight's layout [out / 16, in / 32, 16, 16, 2]
 // | (-2, [parts, blocks_0, ..., blocks_P-1]): parts int64 [P, 3] = (ggml type, rows, int8
 // activations 0 or 1) of each run of one format, blocks_i its bytes as stored in the file
 // | (-4, [gate_up, down, routing]): a MoE layer's experts in tiles (moe_experts' layouts)
-// and routing int64 [3] = (top_k, normalize, round_weights); the layer's gate_up spec is
-// then its router (hidden -> one logit per expert).
+// and routing int64 [4] = (top_k, normalize, round_weights, bytes per expert); the layer's
+// gate_up spec is then its router (hidden -> one logit per expert)
+// | (-5, [gate, up, down, meta]): the same over a GGUF's stacked experts (moe_experts_gguf's
+// blocks), meta int64 [10] = (gate, up, down ggml types, experts, expert size, top_k,
+// normalize, round_weights, int8 activations, bytes per expert).
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
 
 class DecodeStack {
@@ -56,11 +60,12 @@ class DecodeStack {
     int64_t inter = 0, num_experts = 0, top_k = 0, expert_size = 0;
     for (int64_t i = 0; i < num_layers; ++i) {
       const auto& [kind, tensors] = linears[4 * i + 3];
-      if (kind != kExperts) {
+      if (kind != kExperts && kind != kGgufExperts) {
         inter = std::max(inter, inputs_of(linears[4 * i + 3]));
         continue;
       }
-      const auto [E, size, k] = experts_shape(tensors, hidden);
+      const auto [E, size, k] = kind == kExperts ? experts_shape(tensors, hidden)
+                                                 : gguf_experts_shape(tensors);
       num_experts = std::max(num_experts, E);
       expert_size = std::max(expert_size, size);
       top_k = std::max(top_k, k);
@@ -89,9 +94,12 @@ class DecodeStack {
       }
       layer.qkv = linear(linears[4 * i], shape_.qkv_width(), hidden);
       layer.o = linear(linears[4 * i + 1], hidden, q_size);
-      if (std::get<0>(linears[4 * i + 3]) == kExperts) {
+      const int64_t mlp_kind = std::get<0>(linears[4 * i + 3]);
+      if (mlp_kind == kExperts || mlp_kind == kGgufExperts) {
         layer.moe = true;
-        layer.routed = routed_mlp(linears[4 * i + 2], std::get<1>(linears[4 * i + 3]), hidden);
+        const auto& experts = std::get<1>(linears[4 * i + 3]);
+        layer.routed = mlp_kind == kExperts ? routed_mlp(linears[4 * i + 2], experts, hidden)
+                                            : gguf_routed_mlp(linears[4 * i + 2], experts, hidden);
       } else {
         layer.gate_up = linear(linears[4 * i + 2], 2 * inter, hidden);
         layer.down = linear(linears[4 * i + 3], hidden, inter);
@@ -109,7 +117,7 @@ class DecodeStack {
 
   // hidden: [rows, hidden_size] embeddings, one decode per row -> (the final-normed hidden,
   // the (layer, expert) pairs run).
-  std::tuple<torch::Tensor, int64_t> run(const torch::Tensor& hidden,
+  std::tuple<torch::Tensor, int64_t, int64_t> run(const torch::Tensor& hidden,
                                          const torch::Tensor& positions,
                                          const torch::Tensor& slots,
                                          const torch::Tensor& block_tables,
@@ -136,13 +144,13 @@ class DecodeStack {
     auto residual = torch::empty_like(out);
     const DecodeStep step{rows, data<int64_t>(positions), data<int64_t>(slots),
                           data<int64_t>(block_tables), max_blocks, data<int64_t>(context_lens)};
-    int64_t experts_run;
+    int64_t experts_run, expert_bytes;
     {
       pybind11::gil_scoped_release no_gil;  // as the single kernels: see bindings.cpp
       experts_run = decode_stack(layers_, shape_, step, final_norm_, data<bf16>(out),
-                                 data<bf16>(residual));
+                                 data<bf16>(residual), &expert_bytes);
     }
-    return {out, experts_run};
+    return {out, experts_run, expert_bytes};
   }
 
  private:
@@ -174,9 +182,10 @@ class DecodeStack {
     TORCH_CHECK(t[1].size(0) == E && t[1].size(1) * 16 == hidden,
                 "DecodeStack: experts' down must be [", E, "] of [", hidden, ", ", size, "]");
     const torch::Tensor& routing = t[2];
-    TORCH_CHECK(routing.scalar_type() == torch::kInt64 && routing.numel() == 3 &&
+    TORCH_CHECK(routing.scalar_type() == torch::kInt64 && routing.numel() == 4 &&
                     routing.is_contiguous(),
-                "DecodeStack: routing must be int64 (top_k, normalize, round_weights)");
+                "DecodeStack: routing must be int64 (top_k, normalize, round_weights, bytes per "
+                "expert)");
     const int64_t k = data<int64_t>(routing)[0];
     TORCH_CHECK(k >= 1 && k <= E, "DecodeStack: top_k must be in [1, experts]");
     return {E, size, k};
@@ -192,7 +201,55 @@ class DecodeStack {
     moe.top_k = k;
     moe.normalize = routing[1] != 0;
     moe.round_weights = routing[2] != 0;
+    moe.bytes_per_expert = routing[3];
     for (const auto& t : experts) keep(t);
+    return moe;
+  }
+
+  // (experts, expert size, top_k) of a GGUF MoE layer's (-5) tensors, checked.
+  static std::array<int64_t, 3> gguf_experts_shape(const std::vector<torch::Tensor>& t) {
+    TORCH_CHECK(t.size() == 4, "DecodeStack: GGUF experts are (gate, up, down, meta)");
+    const torch::Tensor& meta = t[3];
+    TORCH_CHECK(meta.scalar_type() == torch::kInt64 && meta.numel() == 10 && meta.is_contiguous(),
+                "DecodeStack: GGUF experts' meta must be int64 [10]");
+    const int64_t* m = data<int64_t>(meta);
+    TORCH_CHECK(m[3] >= 1 && m[4] >= 1 && m[5] >= 1 && m[5] <= m[3],
+                "DecodeStack: GGUF experts need experts >= 1, a size >= 1, top_k in [1, experts]");
+    return {m[3], m[4], m[5]};
+  }
+
+  // Stacked blocks [E * rows, row bytes] of one ggml type, checked as moe_experts_gguf does.
+  GgufWeight stacked(const torch::Tensor& blocks, int64_t kind, int64_t E, int64_t rows,
+                     int64_t cols, bool int8_activations, const char* name) {
+    const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), cols);
+    TORCH_CHECK(row_bytes > 0 && blocks.scalar_type() == torch::kUInt8 &&
+                    blocks.is_contiguous() && blocks.numel() == E * rows * row_bytes,
+                "DecodeStack: GGUF experts' ", name, " must be contiguous uint8 blocks of ", E,
+                " x ", rows, " rows of ", cols, " weights of ggml type ", kind);
+    keep(blocks);
+    return GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), E * rows, cols,
+                      int8_activations};
+  }
+
+  RoutedMlp gguf_routed_mlp(const LinearSpec& router, const std::vector<torch::Tensor>& t,
+                            int64_t hidden) {
+    const auto [E, size, k] = gguf_experts_shape(t);
+    keep(t[3]);
+    const int64_t* m = data<int64_t>(t[3]);
+    const bool int8 = m[8] != 0;
+    RoutedMlp moe;
+    moe.router = linear(router, E, hidden);
+    moe.gguf = true;
+    // As SparseMoE._gguf_experts_native calls moe_experts_gguf: use_amx and small_rows at
+    // their defaults, so both paths take the same kernels at every row count.
+    moe.gguf_experts = MoeGgufExperts{stacked(t[0], m[0], E, size, hidden, int8, "gate"),
+                                      stacked(t[1], m[1], E, size, hidden, int8, "up"),
+                                      stacked(t[2], m[2], E, hidden, size, int8, "down"),
+                                      E, hidden, size, kSmallBatchRows, true};
+    moe.top_k = k;
+    moe.normalize = m[6] != 0;
+    moe.round_weights = m[7] != 0;
+    moe.bytes_per_expert = m[9];
     return moe;
   }
 
@@ -303,7 +360,7 @@ void bind_decode_stack(pybind11::module_& m) {
                              "8, or 16 when every linear is GGUF blocks and AMX is usable")
       .def("run", &DecodeStack::run,
            "embeddings [rows, hidden] of decode rows -> (final-normed hidden states, "
-           "(layer, expert) pairs run)");
+           "(layer, expert) pairs run, their experts' bytes)");
 }
 
 }  // namespace meterserve
