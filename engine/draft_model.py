@@ -73,11 +73,15 @@ class DraftModel:
     ) -> None:
         checkpoint = load_checkpoint(spec.model)
         _check_compatible(checkpoint, target, max_model_len, spec.model)
-        # The fault-injection tokens stay with the target, whose failures the engine isolates.
+        # The fault-injection tokens stay with the target, whose failures the engine isolates;
+        # --quantization and int8 GGUF inputs are the target's choices (int8 inputs only where
+        # the draft is a GGUF file too).
+        gguf_activations = config.gguf_activations if checkpoint.gguf_path is not None else "exact"
         draft_config = dataclasses.replace(
             config,
             model=spec.model,
             quantization="none",
+            gguf_activations=gguf_activations,
             speculative=None,
             debug_fault_token_id=None,
             debug_hang_token_id=None,
