@@ -212,7 +212,8 @@ class EngineCore:
             events.extend(self.scheduler.fail_requests([request_id], error))
         events.extend(self.scheduler.update(output, executed.runner_output))
         self.max_running_batch_observed = max(self.max_running_batch_observed, len(output.chunks))
-        return StepResult(events, self._stats(output, charge, started, duration, executed))
+        stats = self._stats(output, charge, started, duration, executed, drafted)
+        return StepResult(events, stats)
 
     def _draft(self, output: SchedulerOutput) -> DraftCost:
         """With a draft model: its passes fill the step's draft slots (engine/draft_model.py)."""
@@ -279,7 +280,9 @@ class EngineCore:
                 request.cost.prefill_bytes += nbytes
         return charge
 
-    def _stats(self, output, charge: StepCharge, started, duration, executed) -> StepStats:
+    def _stats(
+        self, output, charge: StepCharge, started, duration, executed, drafted=NO_DRAFT_COST
+    ) -> StepStats:
         cost = charge.cost
         return StepStats(
             started_at=started,
@@ -306,6 +309,8 @@ class EngineCore:
             num_drafting_requests=output.num_drafting_requests,
             num_accepted_draft_tokens=executed.runner_output.num_accepted_draft_tokens,
             num_draft_backoffs=self._take_draft_backoffs(),
+            num_draft_model_passes=drafted.num_passes,
+            draft_model_seconds=drafted.seconds,
         )
 
     def _take_draft_backoffs(self) -> int:

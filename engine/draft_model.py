@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
@@ -59,6 +60,7 @@ class DraftCost:
     flops: dict[str, float] = field(default_factory=dict)
     bytes: dict[str, float] = field(default_factory=dict)
     num_passes: int = 0
+    seconds: float = 0.0  # spent proposing, the failed passes' included
 
 
 class DraftModel:
@@ -115,6 +117,7 @@ class DraftModel:
         draft pass fails, this step's decodes go without drafts (logged), and nothing else
         changes."""
         cost = DraftCost()
+        started = time.monotonic()
         try:
             proposed = self._run_passes(chunks, cost)
         except Exception:
@@ -122,11 +125,13 @@ class DraftModel:
             for chunk in chunks:
                 self._written.pop(chunk.request_id, None)
                 _drop_slots(chunk)
+            cost.seconds = time.monotonic() - started
             return cost
         for chunk in chunks:
             if chunk.draft_token_ids:
                 _fill(chunk, proposed[chunk.request_id])
             self._remember(chunk)
+        cost.seconds = time.monotonic() - started
         return cost
 
     def _run_passes(self, chunks: list[ScheduledChunk], cost: DraftCost) -> dict[str, list[int]]:

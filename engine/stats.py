@@ -62,3 +62,7 @@ class StepStats:
     num_drafting_requests: int = 0
     num_accepted_draft_tokens: int = 0
     num_draft_backoffs: int = 0  # decodes whose drafts were all rejected: drafting paused
+    # A draft model's passes this step (speculative method "draft_model") and their seconds
+    # (part of duration_s).
+    num_draft_model_passes: int = 0
+    draft_model_seconds: float = 0.0

@@ -170,6 +170,14 @@ class MetricDefinitions:
             "spec_decode_backoffs",
             "Decodes whose drafts were all rejected, pausing their request's drafting.",
         ).labels(m)
+        self.spec_draft_model_passes = self._counter(
+            "spec_decode_draft_model_passes",
+            "Forward passes of the draft model (speculative method draft_model).",
+        ).labels(m)
+        self.spec_draft_model_seconds = self._counter(
+            "spec_decode_draft_model_seconds",
+            "Seconds of steps spent in the draft model's passes (part of the steps' time).",
+        ).labels(m)
         self.prefix_queries = self._counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         ).labels(m)

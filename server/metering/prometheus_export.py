@@ -98,6 +98,8 @@ class ServerMetrics(MetricDefinitions):
             self.spec_draft_tokens.inc(stats.num_draft_tokens)
             self.spec_accepted_tokens.inc(stats.num_accepted_draft_tokens)
             self.spec_backoffs.inc(stats.num_draft_backoffs)
+            self.spec_draft_model_passes.inc(stats.num_draft_model_passes)
+            self.spec_draft_model_seconds.inc(stats.draft_model_seconds)
             self.prefix_queries.inc(stats.prefix_cache_queried_tokens)
             self.prefix_hits.inc(stats.prefix_cache_hit_tokens)
             self._set_queue_state(stats.num_waiting, stats.num_running, stats.kv_cache_usage)

@@ -46,6 +46,8 @@ def counters(server: ServerProcess) -> dict[str, float]:
         "spec_decode_num_drafts",
         "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens",
+        "spec_decode_draft_model_passes",
+        "spec_decode_draft_model_seconds",
         "generation_tokens",
     ):
         match = re.search(rf"^meterserve_{name}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
@@ -83,6 +85,15 @@ async def test_copying_is_served_with_accepted_drafts_and_metered_exactly(
     assert after["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
     delivered = after["generation_tokens"] - before["generation_tokens"]
     assert delivered == usage.completion_tokens
+    # The draft model's passes are counted and timed; n-gram drafts take none.
+    passes = after["spec_decode_draft_model_passes"] - before["spec_decode_draft_model_passes"]
+    seconds = after["spec_decode_draft_model_seconds"] - before["spec_decode_draft_model_seconds"]
+    if spec_server.name == "draft-model":
+        # A decode's first draft takes a pass, each further one another (one client here).
+        drafts = after["spec_decode_num_drafts"] - before["spec_decode_num_drafts"]
+        assert passes >= drafts and seconds > 0
+    else:
+        assert passes == 0 and seconds == 0
 
 
 async def test_the_progress_stream_shows_each_passs_drafts_and_accepted_tokens(
