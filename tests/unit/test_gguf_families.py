@@ -22,7 +22,7 @@ import pytest
 import torch
 from gguf import GGUFWriter
 from gguf_models import EOS, VOCAB, T, assert_greedy_equals_oracle, write_tiny_gguf
-from tiny_models import prompts, stack_params
+from tiny_models import generate_with_and_without_stack, prompts
 from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
@@ -424,28 +424,10 @@ def test_gguf_experts_in_the_decode_stack_equal_the_layer_loop(
         kv_cache_bytes=1 << 20,
         max_num_batched_tokens=16,
     )
-    runner, model = llm.engine.runner, llm.engine.runner.model
-    if model.decode_stack is None:
+    runs = generate_with_and_without_stack(llm, prompts()[:3], lambda r: r.expert_bytes_run)
+    if runs is None:
         pytest.skip("no native decode stack on this machine")
-    stack, execute = model.decode_stack, runner.execute
-    stack_rows, expert_bytes = [], []
-    run = stack.run
-    stack.run = lambda *args: stack_rows.append(args[0].shape[0]) or run(*args)
-
-    def recorded(*args, **kwargs):
-        out = execute(*args, **kwargs)
-        expert_bytes.append(runner.expert_bytes_run)
-        return out
-
-    runner.execute = recorded
-    try:
-        with_stack = llm.generate(prompts()[:3], stack_params())
-        with_stack_bytes, expert_bytes[:] = list(expert_bytes), []
-        model.decode_stack = None
-        without = llm.generate(prompts()[:3], stack_params())
-    finally:
-        model.decode_stack = stack
-        del runner.execute
+    with_stack, without, stack_rows, with_stack_bytes, expert_bytes = runs
     assert {1, 2, 3} <= set(stack_rows)  # decode steps of 3, 2 and 1 rows ran in the stack
     for a, b in zip(with_stack, without, strict=True):
         assert a.token_ids == b.token_ids

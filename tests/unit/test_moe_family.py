@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from tiny_models import EOS, MAX_NEW_TOKENS, VOCAB, save_random_model, stack_params
+from tiny_models import (
+    EOS,
+    MAX_NEW_TOKENS,
+    VOCAB,
+    generate_with_and_without_stack,
+    save_random_model,
+)
 from tiny_models import hf_greedy as _hf_greedy
 from tiny_models import prompts as _prompts
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
@@ -247,29 +253,10 @@ def test_moe_decode_stack_equals_its_layer_loop(family: str, tmp_path) -> None:
     # fewer prompt rows to prefill, so experts get other group sizes; the grouped products of
     # 1-2 rows may differ in the last bit from larger groups', as the dense kernels' do.)
     llm = LLM(model=str(tmp_path), dtype="bfloat16", enable_prefix_caching=False, **SERVING)
-    runner, ours = llm.engine.runner, llm.engine.runner.model
-    if ours.decode_stack is None:
+    runs = generate_with_and_without_stack(llm, _prompts()[:3], lambda r: r.num_experts_run)
+    if runs is None:
         pytest.skip("no native decode stack on this machine")
-    params = stack_params()
-    stack, execute = ours.decode_stack, runner.execute
-    stack_rows, experts_run = [], []
-    run = stack.run
-    stack.run = lambda *args: stack_rows.append(args[0].shape[0]) or run(*args)
-
-    def recorded(*args, **kwargs):
-        out = execute(*args, **kwargs)
-        experts_run.append(runner.num_experts_run)
-        return out
-
-    runner.execute = recorded
-    try:
-        with_stack = llm.generate(_prompts()[:3], params)
-        with_stack_runs, experts_run[:] = list(experts_run), []
-        ours.decode_stack = None
-        without = llm.generate(_prompts()[:3], params)
-    finally:
-        ours.decode_stack = stack
-        del runner.execute
+    with_stack, without, stack_rows, with_stack_runs, experts_run = runs
     assert {1, 2, 3} <= set(stack_rows)  # decode steps of 3, 2 and 1 rows ran in the stack
     for a, b in zip(with_stack, without, strict=True):
         assert a.token_ids == b.token_ids

@@ -74,6 +74,36 @@ def stack_params() -> list[SamplingParams]:
     ]
 
 
+def generate_with_and_without_stack(llm, prompt_ids: list[list[int]], reading):
+    """The stack_params requests run twice on llm, with its model's decode stack and with it
+    detached: (outputs with, outputs without, the row counts the stack ran, reading(runner)
+    after each step with, the same without). None if the model has no decode stack."""
+    runner, model = llm.engine.runner, llm.engine.runner.model
+    stack, execute = model.decode_stack, runner.execute
+    if stack is None:
+        return None
+    stack_rows, readings = [], []
+    run = stack.run
+    stack.run = lambda *args: stack_rows.append(args[0].shape[0]) or run(*args)
+
+    def recorded(*args, **kwargs):
+        out = execute(*args, **kwargs)
+        readings.append(reading(runner))
+        return out
+
+    runner.execute = recorded
+    try:
+        with_stack = llm.generate(prompt_ids, stack_params())
+        with_readings, readings[:] = list(readings), []
+        model.decode_stack = None
+        without = llm.generate(prompt_ids, stack_params())
+    finally:
+        model.decode_stack = stack
+        del runner.execute
+        del stack.run
+    return with_stack, without, stack_rows, with_readings, readings
+
+
 def prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
     gen = torch.Generator().manual_seed(2)
     return [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in lengths]
