@@ -21,7 +21,7 @@ from tiny_models import (
     EOS,
     MAX_NEW_TOKENS,
     VOCAB,
-    generate_with_and_without_stack,
+    assert_stack_equals_layer_loop,
     save_random_model,
 )
 from tiny_models import hf_greedy as _hf_greedy
@@ -253,15 +253,9 @@ def test_moe_decode_stack_equals_its_layer_loop(family: str, tmp_path) -> None:
     # fewer prompt rows to prefill, so experts get other group sizes; the grouped products of
     # 1-2 rows may differ in the last bit from larger groups', as the dense kernels' do.)
     llm = LLM(model=str(tmp_path), dtype="bfloat16", enable_prefix_caching=False, **SERVING)
-    runs = generate_with_and_without_stack(llm, _prompts()[:3], lambda r: r.num_experts_run)
-    if runs is None:
-        pytest.skip("no native decode stack on this machine")
-    with_stack, without, stack_rows, with_stack_runs, experts_run = runs
-    assert {1, 2, 3} <= set(stack_rows)  # decode steps of 3, 2 and 1 rows ran in the stack
-    for a, b in zip(with_stack, without, strict=True):
-        assert a.token_ids == b.token_ids
-        assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]
-    assert [len(o.token_ids) for o in with_stack] == [9, 7, 5]
+    with_stack_runs, experts_run = assert_stack_equals_layer_loop(
+        llm, _prompts()[:3], lambda r: r.num_experts_run
+    )
     assert with_stack_runs == experts_run
     # Each step ran at least top-k experts in every MoE layer, at most all of them.
     moe_layers = len(moe_layer_indices(model.config))

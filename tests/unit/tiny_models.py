@@ -74,14 +74,17 @@ def stack_params() -> list[SamplingParams]:
     ]
 
 
-def generate_with_and_without_stack(llm, prompt_ids: list[list[int]], reading):
-    """The stack_params requests run twice on llm, with its model's decode stack and with it
-    detached: (outputs with, outputs without, the row counts the stack ran, reading(runner)
-    after each step with, the same without). None if the model has no decode stack."""
+def assert_stack_equals_layer_loop(llm, prompt_ids: list[list[int]], reading):
+    """Runs the stack_params requests twice on llm, with its model's decode stack and with it
+    detached, and checks that decode steps of 3, 2 and 1 rows ran in the stack and that both
+    runs gave the same tokens and logprobs, bit for bit. Returns (reading(runner) after each
+    step with the stack, the same without). Skips where the model has no decode stack."""
+    import pytest
+
     runner, model = llm.engine.runner, llm.engine.runner.model
     stack, execute = model.decode_stack, runner.execute
     if stack is None:
-        return None
+        pytest.skip("no native decode stack on this machine")
     stack_rows, readings = [], []
     run = stack.run
     stack.run = lambda *args: stack_rows.append(args[0].shape[0]) or run(*args)
@@ -101,7 +104,12 @@ def generate_with_and_without_stack(llm, prompt_ids: list[list[int]], reading):
         model.decode_stack = stack
         del runner.execute
         del stack.run
-    return with_stack, without, stack_rows, with_readings, readings
+    assert {1, 2, 3} <= set(stack_rows)
+    for a, b in zip(with_stack, without, strict=True):
+        assert a.token_ids == b.token_ids
+        assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]
+    assert [len(o.token_ids) for o in with_stack] == [9, 7, 5]
+    return with_readings, readings
 
 
 def prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
