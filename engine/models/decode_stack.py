@@ -14,8 +14,7 @@ a GGUF file's blocks (GGUFLinear, gguf_linear) or a bf16 weight in the tile layo
 (PackedLinear's small-batch path); Qwen3's per-head q/k norms run on the same kernel as in
 the layer loop (rms_norm_heads); a mixture-of-experts layer's MLP is its router (such a
 linear), moe_route and moe_experts (or moe_experts_gguf over a GGUF's stacked experts), the
-calls SparseMoE.forward makes. Any other step, or
-model, takes the Python path.
+calls SparseMoE.forward makes. Any other step, or model, takes the Python path.
 """
 
 from __future__ import annotations
