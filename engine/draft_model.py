@@ -31,12 +31,9 @@ from engine.meter.cost_model import ChunkWork, CostModel, ModelShape
 from engine.model_runner import ModelRunner
 from engine.sliding_windows import layer_windows
 from scheduler.output import ScheduledChunk, SchedulerOutput
-from scheduler.sampling_params import SamplingParams
 from scheduler.speculative_config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
-
-_GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 @dataclass(slots=True)
@@ -106,14 +103,18 @@ class DraftModel:
         self.cost_model = CostModel(self.shape, self.runner.weight_bytes())
 
     def forget(self, finished_request_ids: list[str]) -> None:
-        """Drop what is remembered for requests that finished."""
+        """Drop what is kept for requests that finished: what their K/V holds, their grammar
+        matchers and seeded generators (the draft runner's passes carry no finished ids)."""
         for request_id in finished_request_ids:
             self._written.pop(request_id, None)
+        self.runner.structured.forget(finished_request_ids)
+        self.runner.sampler.forget(finished_request_ids)
 
     def propose(self, chunks: list[ScheduledChunk]) -> DraftCost:
         """Fill the drafting decodes' slots in place (token_ids and draft_token_ids). The first
         pass also writes every other chunk's new tokens into the draft K/V, so a decode's
-        catch-up is its last token, and prefills stay within the step's token budget. If a
+        catch-up is its last token, and prefills stay within the step's token budget. A decode
+        drafts nothing past an end token it drafted (the slots after it are dropped). If a
         draft pass fails, this step's decodes go without drafts (logged), and nothing else
         changes."""
         cost = DraftCost()
@@ -122,20 +123,28 @@ class DraftModel:
             proposed = self._run_passes(chunks, cost)
         except Exception:
             log.exception("draft model pass failed; this step's decodes verify no drafts")
+            ids = [chunk.request_id for chunk in chunks]
+            self.runner.structured.forget(ids)  # they may hold drafts as outputs
             for chunk in chunks:
                 self._written.pop(chunk.request_id, None)
-                _drop_slots(chunk)
+                _fill(chunk, [])
             cost.seconds = time.monotonic() - started
             return cost
         for chunk in chunks:
             if chunk.draft_token_ids:
-                _fill(chunk, proposed[chunk.request_id])
+                drafts = proposed[chunk.request_id]
+                # Its matcher took each draft but the last as an output to mask the next.
+                self.runner.structured.rollback(chunk.request_id, len(drafts) - 1)
+                _fill(chunk, drafts)
             self._remember(chunk)
         cost.seconds = time.monotonic() - started
         return cost
 
     def _run_passes(self, chunks: list[ScheduledChunk], cost: DraftCost) -> dict[str, list[int]]:
-        """Draft pass 1 over every chunk's unwritten tokens, then one pass per further draft."""
+        """Draft pass 1 over every chunk's unwritten tokens, then one pass per further draft.
+        Each pass samples as the request's own greedy row would (its penalties, logit bias,
+        min_tokens and grammar, with the drafts before it as outputs), so a draft the target
+        would mask out is never proposed."""
         slots = {c.request_id: len(c.draft_token_ids) for c in chunks if c.draft_token_ids}
         proposed: dict[str, list[int]] = {rid: [] for rid in slots}
         passes = [p for p in (self._catch_up(c) for c in chunks) if p.token_ids]
@@ -148,8 +157,11 @@ class DraftModel:
                     continue
                 drafts = proposed[chunk.request_id]
                 drafts.append(sampled[chunk.request_id])
-                if len(drafts) < slots[chunk.request_id]:
-                    following.append(_draft_chunk(chunk, [drafts[-1]], chunk.context_len))
+                if len(drafts) < slots[chunk.request_id] and not _ends(chunk, drafts[-1]):
+                    outputs = chunk.output_token_ids + drafts[-1:]
+                    following.append(
+                        _draft_chunk(chunk, [drafts[-1]], chunk.context_len, outputs=outputs)
+                    )
             passes = following
         return proposed
 
@@ -204,22 +216,40 @@ NO_DRAFT_COST = DraftCost()
 
 
 def _fill(chunk: ScheduledChunk, drafts: list[int]) -> None:
+    """The chunk's slots replaced by the drafts proposed (as many or fewer: the KV slots left
+    over stay allocated to the request, as unused draft slots always do)."""
+    num_slots = len(chunk.draft_token_ids)
+    if num_slots:
+        del chunk.token_ids[-num_slots:]
+    chunk.token_ids.extend(drafts)
     chunk.draft_token_ids[:] = drafts
-    chunk.token_ids[-len(drafts) :] = drafts
 
 
-def _drop_slots(chunk: ScheduledChunk) -> None:
-    """The chunk goes as a plain decode: its unfilled slots leave it (their blocks stay
-    allocated to the request, as unused draft slots always do)."""
-    if chunk.draft_token_ids:
-        del chunk.token_ids[-len(chunk.draft_token_ids) :]
-        chunk.draft_token_ids.clear()
+def _ends(chunk: ScheduledChunk, token_id: int) -> bool:
+    """Whether the token ends the request: nothing after it is worth drafting."""
+    params = chunk.sampling_params
+    eos = token_id in chunk.eos_token_ids and not params.ignore_eos
+    return eos or token_id in params.stop_token_ids
 
 
 def _draft_chunk(
-    chunk: ScheduledChunk, token_ids: list[int], start: int, samples: bool = True
+    chunk: ScheduledChunk,
+    token_ids: list[int],
+    start: int,
+    samples: bool = True,
+    outputs: list[int] | None = None,
 ) -> ScheduledChunk:
-    """A greedy pass of the draft model over token_ids at positions start.. of the request."""
+    """A greedy pass of the draft model over token_ids at positions start.. of the request,
+    sampling as the request's greedy row would, `outputs` its outputs so far."""
+    params = chunk.sampling_params
+    greedy = dataclasses.replace(
+        params,
+        temperature=0.0,
+        seed=None,
+        logprobs=None,
+        prompt_logprobs=None,
+        report_progress=False,
+    )
     return ScheduledChunk(
         request_id=chunk.request_id,
         token_ids=token_ids,
@@ -227,9 +257,10 @@ def _draft_chunk(
         block_table=chunk.block_table,
         samples=samples,
         num_prompt_tokens=chunk.num_prompt_tokens,
-        sampling_params=_GREEDY,
+        sampling_params=greedy,
         prompt_token_ids=chunk.prompt_token_ids,
-        output_token_ids=chunk.output_token_ids,
+        output_token_ids=chunk.output_token_ids if outputs is None else outputs,
+        eos_token_ids=chunk.eos_token_ids,
     )
 
 

@@ -159,6 +159,17 @@ class StructuredOutputs:
         for request_id in request_ids:
             self.matchers.pop(request_id, None)
 
+    def rollback(self, request_id: str, num_tokens: int) -> None:
+        """Take back the last num_tokens outputs a request's matcher accepted: a draft model's
+        own drafts, fed to its passes as outputs to mask the next one (engine/draft_model.py),
+        are not outputs until the target keeps them."""
+        state = self.matchers.get(request_id)
+        if state is None or num_tokens <= 0:
+            return
+        if not state.broken:
+            state.matcher.rollback(num_tokens)
+        state.num_accepted -= num_tokens
+
     def bitmask(self, chunks: list[ScheduledChunk]) -> torch.Tensor | None:
         """[len(chunks), bitmask_width] int32, bit v of row i set when chunks[i] may sample
         token v (all bits set for unconstrained rows); None when no chunk is constrained.

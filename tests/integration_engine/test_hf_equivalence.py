@@ -7,6 +7,8 @@ The same holds under preemption, prefix-cache hits and chunked prefill.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from engine_equivalence import (
     CHAT_QUESTIONS,
@@ -21,7 +23,7 @@ from tiny_draft import write_tiny_draft
 from engine.llm import LLM, GenerationOutput
 from engine.loader import ModelLoadError
 from scheduler.output import TokenLogprobs
-from scheduler.sampling_params import SamplingParams
+from scheduler.sampling_params import SamplingParams, StructuredOutput
 from scheduler.speculative_config import SpeculativeConfig
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, logprobs=TOP)
@@ -150,6 +152,42 @@ def test_equal_with_a_random_draft_model(prompts, hf_references, tiny_draft_dir)
     assert counts["drafts"] > 0 and counts["accepted"] < counts["drafts"] / 4
     assert_equivalent(outputs, hf_references)
     _assert_clean(llm)
+
+
+def test_a_draft_model_drafts_within_the_grammar(real_tokenizer) -> None:
+    # A JSON schema: the draft model samples each draft as the request's own greedy row, its
+    # grammar's mask included, so the model drafting for itself has every draft kept (without
+    # the mask 52 of 88 were), and the output is that of decoding without drafts.
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    params = SamplingParams(
+        max_tokens=40,
+        temperature=0.0,
+        structured_output=StructuredOutput(kind="json_schema", spec=json.dumps(schema)),
+    )
+    questions = ["Describe a person as JSON.", "Give me a JSON record for Alice, who is 30."]
+    prompts = [
+        real_tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
+        for q in questions
+    ]
+    spec = SpeculativeConfig(num_speculative_tokens=4, method="draft_model", model="default")
+    llm = _llm(speculative=spec)
+    counts = _count_steps(llm)
+    drafted = llm.generate(prompts, params)
+    plain = _llm().generate(prompts, params)
+    print(f"draft tokens {counts['drafts']}, accepted {counts['accepted']}")
+    assert counts["accepted"] == counts["drafts"] > 10
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
+    assert all(json.loads(o.text)["age"] >= 0 for o in drafted)
+    _assert_clean(llm)
+    # The draft's grammar matchers are dropped as the target's are: at the next step.
+    llm.generate(prompts[:1], SamplingParams(max_tokens=1))
+    assert not llm.engine.draft_model.runner.structured.matchers
 
 
 @pytest.mark.parametrize(
