@@ -156,6 +156,7 @@ def _mlp_specs(mlp) -> list:
         gate, up, down = mlp.gguf_stacked
         meta = [gate.kind, up.kind, down.kind, mlp.num_experts, mlp.intermediate_size]
         meta += [*routing, int(mlp.gguf_int8_activations), mlp.bytes_per_expert]
+        meta.append(SMALL_BATCH_ROWS)  # as SparseMoE._gguf_experts_native passes it
         experts = [gate.blocks, up.blocks, down.blocks, torch.tensor(meta)]
         return [_linear_spec(mlp.gate), (GGUF_EXPERTS_KIND, experts)]
     routing.append(mlp.bytes_per_expert)

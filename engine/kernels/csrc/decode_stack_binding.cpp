@@ -27,8 +27,9 @@ constexpr int64_t kGgufExperts = -5;  // the same, its experts a GGUF's stacked 
 // and routing int64 [4] = (top_k, normalize, round_weights, bytes per expert); the layer's
 // gate_up spec is then its router (hidden -> one logit per expert)
 // | (-5, [gate, up, down, meta]): the same over a GGUF's stacked experts (moe_experts_gguf's
-// blocks), meta int64 [10] = (gate, up, down ggml types, experts, expert size, top_k,
-// normalize, round_weights, int8 activations, bytes per expert).
+// blocks), meta int64 [11] = (gate, up, down ggml types, experts, expert size, top_k,
+// normalize, round_weights, int8 activations, bytes per expert, the small-batch rows
+// SparseMoE passes moe_experts_gguf).
 using LinearSpec = std::tuple<int64_t, std::vector<torch::Tensor>>;
 
 class DecodeStack {
@@ -210,8 +211,8 @@ class DecodeStack {
   static std::array<int64_t, 3> gguf_experts_shape(const std::vector<torch::Tensor>& t) {
     TORCH_CHECK(t.size() == 4, "DecodeStack: GGUF experts are (gate, up, down, meta)");
     const torch::Tensor& meta = t[3];
-    TORCH_CHECK(meta.scalar_type() == torch::kInt64 && meta.numel() == 10 && meta.is_contiguous(),
-                "DecodeStack: GGUF experts' meta must be int64 [10]");
+    TORCH_CHECK(meta.scalar_type() == torch::kInt64 && meta.numel() == 11 && meta.is_contiguous(),
+                "DecodeStack: GGUF experts' meta must be int64 [11]");
     const int64_t* m = data<int64_t>(meta);
     TORCH_CHECK(m[3] >= 1 && m[4] >= 1 && m[5] >= 1 && m[5] <= m[3],
                 "DecodeStack: GGUF experts need experts >= 1, a size >= 1, top_k in [1, experts]");
@@ -240,12 +241,12 @@ class DecodeStack {
     RoutedMlp moe;
     moe.router = linear(router, E, hidden);
     moe.gguf = true;
-    // As SparseMoE._gguf_experts_native calls moe_experts_gguf: use_amx and small_rows at
-    // their defaults, so both paths take the same kernels at every row count.
+    // As SparseMoE._gguf_experts_native calls moe_experts_gguf (use_amx at its default, its
+    // small_rows), so both paths take the same kernels at every row count.
     moe.gguf_experts = MoeGgufExperts{stacked(t[0], m[0], E, size, hidden, int8, "gate"),
                                       stacked(t[1], m[1], E, size, hidden, int8, "up"),
                                       stacked(t[2], m[2], E, hidden, size, int8, "down"),
-                                      E, hidden, size, kSmallBatchRows, true};
+                                      E, hidden, size, m[10], true};
     moe.top_k = k;
     moe.normalize = m[6] != 0;
     moe.round_weights = m[7] != 0;
