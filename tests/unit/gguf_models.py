@@ -30,12 +30,9 @@ from gguf import (
     get_tensor_name_map,
     quants,
 )
-from tiny_models import hf_greedy, prompts
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from engine.llm import LLM
 from engine.loader import default_model_path
-from scheduler.sampling_params import SamplingParams
 
 VOCAB = 512
 EOS = 2  # <|im_end|>
@@ -269,26 +266,3 @@ def _random_k_blocks(shape: tuple[int, ...], kind: T, rng) -> np.ndarray:
         values = (scale * rng.uniform(0.5, 1.0, size=blocks.shape[:2])).astype(np.float16)
         blocks[..., offset : offset + 2] = values.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return blocks.reshape(rows, -1)
-
-
-def assert_greedy_equals_oracle(path: Path, oracle, name: str, cpu_kernels: bool) -> None:
-    """A GGUF served in float32 gives HF `generate`'s greedy tokens on the oracle, token for
-    token, for tiny_models' prompts (up to 30 tokens; 4-token blocks, a 16-token step budget:
-    chunked prefills beside decodes)."""
-    expected = []
-    for prompt in prompts():
-        tokens, margin = hf_greedy(oracle, prompt)
-        assert margin > 1e-3, f"{name}: HF's greedy path has a near-tie; pick another seed"
-        expected.append(tokens)
-    llm = LLM(
-        model=str(path),
-        dtype="float32",
-        block_size=4,
-        kv_cache_bytes=1 << 20,
-        max_num_batched_tokens=16,
-        cpu_kernels=cpu_kernels,
-        attention_backend="auto" if cpu_kernels else "batched",
-    )
-    outputs = llm.generate(prompts(), SamplingParams(max_tokens=12, temperature=0.0))
-    assert [o.token_ids for o in outputs] == expected
-    llm.engine.check_invariants()

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader, GGUFWriter
-from gguf_models import EOS, T, assert_greedy_equals_oracle, write_tiny_gguf
+from gguf_models import EOS, T, write_tiny_gguf
+from tiny_models import assert_greedy_equals_oracle
 
 from engine.attention import make_backend
 from engine.gguf_header import read_header

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFWriter
-from gguf_models import EOS, VOCAB, T, assert_greedy_equals_oracle, write_tiny_gguf
-from tiny_models import assert_stack_equals_layer_loop, prompts
+from gguf_models import EOS, VOCAB, T, write_tiny_gguf
+from tiny_models import assert_greedy_equals_oracle, assert_stack_equals_layer_loop, prompts
 from transformers import (
     Gemma2Config,
     Gemma3TextConfig,

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import COMMON, EOS, MAX_NEW_TOKENS, prompts, save_random_model, stack_params
+from tiny_models import (
+    COMMON,
+    EOS,
+    MAX_NEW_TOKENS,
+    assert_greedy_equals_oracle,
+    assert_stack_equals_layer_loop,
+    prompts,
+    save_random_model,
+)
 from tiny_models import hf_greedy as _hf_greedy
 from transformers import (
     GraniteConfig,
@@ -84,25 +92,7 @@ def test_tiny_model_greedy_equals_hugging_face(
     family: str, cpu_kernels: bool, tmp_path: Path
 ) -> None:
     model = _build_model(family, tmp_path)
-    prompts = _prompts()
-    expected = []
-    for prompt in prompts:
-        tokens, margin = _hf_greedy(model, prompt)
-        assert margin > 1e-3, f"{family}: HF's greedy path has a near-tie; pick another seed"
-        expected.append(tokens)
-    # block_size 4 and a 16-token step budget: multi-block tables, the 30-token prompt is
-    # prefilled in chunks while the others decode.
-    llm = LLM(
-        model=str(tmp_path),
-        dtype="float32",
-        block_size=4,
-        kv_cache_bytes=1 << 20,
-        max_num_batched_tokens=16,
-        attention_backend="auto" if cpu_kernels else "batched",
-        cpu_kernels=cpu_kernels,
-    )
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
-    assert [o.token_ids for o in outputs] == expected
+    llm, outputs, expected = assert_greedy_equals_oracle(tmp_path, model, family, cpu_kernels)
     for output, tokens in zip(outputs, expected, strict=True):
         assert output.finish_reason == ("stop" if tokens[-1] == EOS else "length")
     llm.engine.check_invariants()
@@ -115,24 +105,7 @@ def test_qwen3_decode_stack_equals_its_layer_loop(tmp_path: Path) -> None:
     tokens and the same logprobs, bit for bit, with the stack and with it detached."""
     _build_model("qwen3", tmp_path)
     llm = LLM(model=str(tmp_path), dtype="bfloat16", block_size=4, kv_cache_bytes=1 << 20)
-    model = llm.engine.runner.model
-    if model.decode_stack is None:
-        pytest.skip("no native decode stack on this machine")
-    params = stack_params()
-    stack, steps = model.decode_stack, []
-    run = stack.run
-    stack.run = lambda *args: steps.append(args[0].shape[0]) or run(*args)
-    with_stack = llm.generate(_prompts()[:3], params)
-    assert {1, 2, 3} <= set(steps)  # decode steps of 3, 2 and 1 rows ran in the stack
-    model.decode_stack = None
-    try:
-        without = llm.generate(_prompts()[:3], params)
-    finally:
-        model.decode_stack = stack
-    for ours, loop in zip(with_stack, without, strict=True):
-        assert ours.token_ids == loop.token_ids
-        assert [lp.logprob for lp in ours.logprobs] == [lp.logprob for lp in loop.logprobs]
-    assert [len(o.token_ids) for o in with_stack] == [9, 7, 5]
+    assert_stack_equals_layer_loop(llm, _prompts()[:3], lambda runner: None)
 
 
 def test_reference_backend_matches_too(tmp_path: Path) -> None:

@@ -112,6 +112,33 @@ def assert_stack_equals_layer_loop(llm, prompt_ids: list[list[int]], reading):
     return with_readings, readings
 
 
+def assert_greedy_equals_oracle(path: Path, oracle, name: str, cpu_kernels: bool):
+    """The model at path (a checkpoint directory or a GGUF file) served in float32 gives HF
+    `generate`'s greedy tokens on the oracle, token for token, for the prompts below (up to 30
+    tokens; 4-token blocks, a 16-token step budget: chunked prefills beside decodes). Returns
+    the engine and its outputs, and HF's tokens, for a caller's further checks."""
+    from engine.llm import LLM
+
+    expected = []
+    for prompt in prompts():
+        tokens, margin = hf_greedy(oracle, prompt)
+        assert margin > 1e-3, f"{name}: HF's greedy path has a near-tie; pick another seed"
+        expected.append(tokens)
+    llm = LLM(
+        model=str(path),
+        dtype="float32",
+        block_size=4,
+        kv_cache_bytes=1 << 20,
+        max_num_batched_tokens=16,
+        cpu_kernels=cpu_kernels,
+        attention_backend="auto" if cpu_kernels else "batched",
+    )
+    outputs = llm.generate(prompts(), SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
+    assert [o.token_ids for o in outputs] == expected
+    llm.engine.check_invariants()
+    return llm, outputs, expected
+
+
 def prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
     gen = torch.Generator().manual_seed(2)
     return [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in lengths]
