@@ -53,6 +53,21 @@ inline void check_tiles(const torch::Tensor& packed, int64_t K, const char* what
   check_tile_layout(packed, 0, K, what, "packed must come from amx_pack_weight");
 }
 
+// A GGUF file's stacked experts as moe_experts_gguf reads them: contiguous uint8 blocks of
+// ggml type `kind`, E experts of `rows` rows of `cols` weights each.
+inline GgufWeight stacked_gguf_experts(const torch::Tensor& blocks, int64_t kind, int64_t E,
+                                       int64_t rows, int64_t cols, bool int8_activations,
+                                       const char* what) {
+  const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), cols);
+  TORCH_CHECK(row_bytes > 0, what, ": ggml type ", kind, " is not supported, or ", cols,
+              " is not a whole number of its blocks");
+  TORCH_CHECK(blocks.scalar_type() == torch::kUInt8 && blocks.is_contiguous() &&
+                  blocks.numel() == E * rows * row_bytes,
+              what, ": contiguous uint8 of ", E, " x ", rows, " x ", row_bytes, " bytes");
+  return GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), E * rows, cols,
+                    int8_activations};
+}
+
 // A mixture-of-experts layer's weights [E, N / 16, K / 32, 16, 16, 2]: each expert in
 // amx_pack_weight's tile layout, for x of K columns.
 inline void check_expert_tiles(const torch::Tensor& experts, int64_t K, const char* what) {

@@ -219,17 +219,11 @@ class DecodeStack {
     return {m[3], m[4], m[5]};
   }
 
-  // Stacked blocks [E * rows, row bytes] of one ggml type, checked as moe_experts_gguf does.
+  // Stacked expert blocks, checked as moe_experts_gguf checks them, kept alive.
   GgufWeight stacked(const torch::Tensor& blocks, int64_t kind, int64_t E, int64_t rows,
-                     int64_t cols, bool int8_activations, const char* name) {
-    const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), cols);
-    TORCH_CHECK(row_bytes > 0 && blocks.scalar_type() == torch::kUInt8 &&
-                    blocks.is_contiguous() && blocks.numel() == E * rows * row_bytes,
-                "DecodeStack: GGUF experts' ", name, " must be contiguous uint8 blocks of ", E,
-                " x ", rows, " rows of ", cols, " weights of ggml type ", kind);
+                     int64_t cols, bool int8_activations, const char* what) {
     keep(blocks);
-    return GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), E * rows, cols,
-                      int8_activations};
+    return stacked_gguf_experts(blocks, kind, E, rows, cols, int8_activations, what);
   }
 
   RoutedMlp gguf_routed_mlp(const LinearSpec& router, const std::vector<torch::Tensor>& t,
@@ -243,10 +237,10 @@ class DecodeStack {
     moe.gguf = true;
     // As SparseMoE._gguf_experts_native calls moe_experts_gguf (use_amx at its default, its
     // small_rows), so both paths take the same kernels at every row count.
-    moe.gguf_experts = MoeGgufExperts{stacked(t[0], m[0], E, size, hidden, int8, "gate"),
-                                      stacked(t[1], m[1], E, size, hidden, int8, "up"),
-                                      stacked(t[2], m[2], E, hidden, size, int8, "down"),
-                                      E, hidden, size, m[10], true};
+    const GgufWeight gate = stacked(t[0], m[0], E, size, hidden, int8, "DecodeStack experts gate");
+    const GgufWeight up = stacked(t[1], m[1], E, size, hidden, int8, "DecodeStack experts up");
+    const GgufWeight down = stacked(t[2], m[2], E, hidden, size, int8, "DecodeStack experts down");
+    moe.gguf_experts = MoeGgufExperts{gate, up, down, E, hidden, size, m[10], true};
     moe.top_k = k;
     moe.normalize = m[6] != 0;
     moe.round_weights = m[7] != 0;

@@ -64,20 +64,12 @@ std::tuple<torch::Tensor, int64_t> moe_experts_gguf_op(
               "picks must be int64 [T, k]");
   TORCH_CHECK(weights.sizes() == picks.sizes(), "weights must be [T, k] like picks");
   auto stacked = [&](const torch::Tensor& blocks, int64_t kind, int64_t rows, int64_t cols,
-                     const char* name) {
-    const int64_t row_bytes = gguf_row_bytes(static_cast<int>(kind), cols);
-    TORCH_CHECK(row_bytes > 0, "moe_experts_gguf ", name, ": ggml type ", kind,
-                " is not supported, or ", cols, " is not a whole number of its blocks");
-    TORCH_CHECK(blocks.scalar_type() == torch::kUInt8 && blocks.is_contiguous() &&
-                    blocks.numel() == E * rows * row_bytes,
-                "moe_experts_gguf ", name, ": contiguous uint8 of ", E, " x ", rows, " x ",
-                row_bytes, " bytes");
-    return GgufWeight{static_cast<int>(kind), data<uint8_t>(blocks), E * rows, cols,
-                      int8_activations};
+                     const char* what) {
+    return stacked_gguf_experts(blocks, kind, E, rows, cols, int8_activations, what);
   };
-  const MoeGgufExperts experts{stacked(gate, gate_kind, inter, hidden, "gate"),
-                               stacked(up, up_kind, inter, hidden, "up"),
-                               stacked(down, down_kind, hidden, inter, "down"),
+  const MoeGgufExperts experts{stacked(gate, gate_kind, inter, hidden, "moe_experts_gguf gate"),
+                               stacked(up, up_kind, inter, hidden, "moe_experts_gguf up"),
+                               stacked(down, down_kind, hidden, inter, "moe_experts_gguf down"),
                                E, hidden, inter, small_rows, use_amx};
   const int64_t k = picks.size(1), pairs = tokens * k;
   const torch::Tensor pick_ids = picks.contiguous();
