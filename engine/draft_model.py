@@ -38,16 +38,24 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Written:
-    """What one request's draft K/V holds: token_ids[p] at position p, in block_table."""
+    """What one request's draft K/V holds, in block_table: its true tokens at positions below
+    `known` (a request's tokens never change once known), then `drafts` from there on."""
 
-    token_ids: list[int]
+    known: int
+    drafts: list[int]
     block_table: list[int]
 
-    def reusable(self, token_ids: list[int], block_table: list[int], block_size: int) -> int:
-        """Leading positions still valid for a request now holding these tokens and blocks."""
-        same_tokens = _common_prefix(self.token_ids, token_ids)
-        same_blocks = _common_prefix(self.block_table, block_table)
-        return min(same_tokens, same_blocks * block_size)
+    def reusable(self, chunk: ScheduledChunk, block_size: int) -> int:
+        """Leading positions still valid for the request as the chunk sees it: the known ones
+        and the drafts it kept, within the blocks it still holds. Compares the drafts and the
+        block tables only, not the whole context."""
+        end = self.known + len(self.drafts)
+        kept = _common_prefix(self.drafts, _known_tokens(chunk, self.known, end))
+        blocks = self.block_table
+        same = len(blocks) if chunk.block_table[: len(blocks)] == blocks else None
+        if same is None:  # preempted since: blocks were freed and taken again
+            same = _common_prefix(blocks, chunk.block_table)
+        return min(self.known + kept, same * block_size)
 
 
 @dataclass(slots=True)
@@ -174,28 +182,22 @@ class DraftModel:
         pass mirrors the target's chunk, within the step's token budget. A decode's are what
         the draft last wrote for it, up to the first draft the target rejected (its last draft
         was never run)."""
-        known = chunk.prompt_token_ids + chunk.output_token_ids
         end = chunk.context_len - chunk.num_draft_tokens
         drafting = bool(chunk.draft_token_ids)
         if chunk.is_decode:
             written = self._written.get(chunk.request_id)
-            start = (
-                0
-                if written is None
-                else written.reusable(known[:end], chunk.block_table, self.block_size)
-            )
+            start = 0 if written is None else written.reusable(chunk, self.block_size)
         else:
             start = chunk.start_position
         if drafting:  # the last known token's logits propose the first draft
             start = min(start, end - 1)
-        return _draft_chunk(chunk, known[start:end], start, samples=drafting)
+        return _draft_chunk(chunk, _known_tokens(chunk, start, end), start, samples=drafting)
 
     def _remember(self, chunk: ScheduledChunk) -> None:
         """The chunk's known tokens, then every draft but the last (no pass ran on it)."""
-        known = chunk.prompt_token_ids + chunk.output_token_ids
         end = chunk.context_len - chunk.num_draft_tokens
         self._written[chunk.request_id] = _Written(
-            known[:end] + chunk.draft_token_ids[:-1], list(chunk.block_table)
+            end, chunk.draft_token_ids[:-1], list(chunk.block_table)
         )
 
     def _charge(self, passes: list[ScheduledChunk], cost: DraftCost) -> None:
@@ -262,6 +264,15 @@ def _draft_chunk(
         output_token_ids=chunk.output_token_ids if outputs is None else outputs,
         eos_token_ids=chunk.eos_token_ids,
     )
+
+
+def _known_tokens(chunk: ScheduledChunk, start: int, end: int) -> list[int]:
+    """The request's tokens at positions [start, end), without joining its whole context."""
+    prompt, outputs = chunk.prompt_token_ids, chunk.output_token_ids
+    n = len(prompt)
+    if end <= n:
+        return prompt[start:end]
+    return prompt[start:] + outputs[max(start - n, 0) : end - n]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
