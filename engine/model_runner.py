@@ -173,11 +173,12 @@ class ModelRunner:
         self.num_gguf_matvec_layers = prepare_gguf_modules(
             self.model, gguf_kernels, self.dtype, large_batch_bf16, avx2, int8_inputs
         )
-        native_gguf = gguf_kernels and self.dtype == torch.bfloat16 and self.num_gguf_matvec_layers
-        if int8_inputs and not native_gguf:
+        native_gguf = gguf_kernels and self.dtype == torch.bfloat16
+        if int8_inputs and not ((native_gguf or avx2) and self.num_gguf_matvec_layers):
             raise ValueError(
-                "gguf_activations='int8' needs a GGUF model's blocks read by the native bf16 "
-                f"kernels; {config.model} has no such layer here"
+                "gguf_activations='int8' needs a GGUF model's blocks read by the native kernels "
+                "(bfloat16 with AVX512-BF16, or float32 with AVX2); "
+                f"{config.model} has no such layer here"
             )
         if self.quantization == "int8":
             del self.model.on_linear_loaded

@@ -12,9 +12,10 @@ outputs are concatenated. prepare_gguf_modules() picks the path once, at load:
   avx2.gguf_panel_f32 (the exact weights, fp32 sums); larger passes dequantize the part per
   call (gguf_dequantize_f32, equal to the reference) and multiply with F.linear, so only the
   blocks stay resident;
-- EngineConfig.gguf_activations "int8" (bfloat16, native kernels): passes of 1-8 rows quantize
+- EngineConfig.gguf_activations "int8" (either of the two above): passes of 1-8 rows quantize
   their inputs to int8 and multiply the stored codes by them in integers (as llama.cpp does),
-  instead of multiplying the exact weights; larger passes are unchanged;
+  instead of multiplying the exact weights (kernels.gguf_linear, or avx2.gguf_matvec_int8 in
+  float32); larger passes are unchanged;
 - otherwise (no kernels, or EngineConfig.gguf_matvec off): the layer becomes a plain
   nn.Linear whose weight is the blocks dequantized once into the model's dtype
   (engine/gguf_blocks.py's dequantize, equal to gguf-py's), the blocks dropped; in bfloat16
@@ -87,9 +88,11 @@ class GGUFLinear(nn.Module):
             self.large = PackedLinear(self.to_linear(), kernels)
             self.large.weight = None  # its row-major copy: small batches read the blocks
 
-    def use_avx2_kernels(self, avx2) -> None:
-        """float32: read the blocks with the AVX2 kernels from now on; float parts in float32."""
+    def use_avx2_kernels(self, avx2, int8_activations: bool = False) -> None:
+        """float32: read the blocks with the AVX2 kernels from now on; float parts in float32.
+        int8_activations: passes of up to avx2.max_rows rows quantize their inputs."""
         self.avx2 = avx2
+        self.int8_activations = int8_activations
         self.parts = tuple(_float_part_in(p, self.dtype) for p in self.parts)
 
     def to_linear(self) -> nn.Linear:
@@ -168,7 +171,10 @@ class GGUFLinear(nn.Module):
     def _avx2_part(self, flat: torch.Tensor, part: GGUFBlocks) -> torch.Tensor:
         rows = flat.shape[0]
         if rows <= self.avx2.max_rows:
-            return self.avx2.gguf_matvec_f32(flat.contiguous(), part.blocks, part.kind, part.rows)
+            matvec = (
+                self.avx2.gguf_matvec_int8 if self.int8_activations else self.avx2.gguf_matvec_f32
+            )
+            return matvec(flat.contiguous(), part.blocks, part.kind, part.rows)
         if rows <= AVX2_PANEL_ROWS:
             return self.avx2.gguf_panel_f32(flat.contiguous(), part.blocks, part.kind, part.rows)
         weight = self.avx2.gguf_dequantize_f32(part.blocks, part.kind, part.rows, part.cols)
@@ -203,8 +209,8 @@ def prepare_gguf_modules(
 ) -> int:
     """Pick every GGUFLinear's path (module docstring): kernels.gguf_linear in bfloat16 when
     `kernels` has it (with a bf16 copy for large batches when large_batch_bf16, small passes
-    on int8 inputs when int8_activations), the `avx2`
-    kernels in float32, else an nn.Linear of the dequantized weight, swapped in one layer at a
+    on int8 inputs when int8_activations), the `avx2` kernels in float32 (small passes on int8
+    inputs when int8_activations), else an nn.Linear of the dequantized weight, swapped in one layer at a
     time. Returns how many layers read their blocks."""
     native = dtype == torch.bfloat16 and kernels is not None and hasattr(kernels, "gguf_linear")
     avx2 = avx2 if dtype == torch.float32 else None
@@ -218,7 +224,7 @@ def prepare_gguf_modules(
                 child.use_kernels(kernels, large_batch_bf16, int8_activations)
                 count += 1
             elif avx2 is not None:
-                child.use_avx2_kernels(avx2)
+                child.use_avx2_kernels(avx2, int8_activations)
                 count += 1
             else:
                 setattr(parent, name, child.to_linear())
@@ -230,7 +236,7 @@ def prepare_gguf_modules(
             module.use_gguf_kernels(kernels, int8_activations)
         elif avx2 is not None:
             for linear in (x for pair in experts for x in pair):
-                linear.use_avx2_kernels(avx2)
+                linear.use_avx2_kernels(avx2, int8_activations)
         # else: dequantized per call (no float copy of every expert)
     return count
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_models import write_tiny_gguf
+from gguf_models import INT8_SLACK, write_tiny_gguf
 from test_gguf_checkpoint import CASES
-from tiny_models import prompts
+from tiny_models import chosen_logprobs, prompts
 
 from engine.config import EngineConfig
 from engine.kernels import load_cpu_kernels
@@ -35,10 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # summation orders; activations rounded at other points). A wrong block format or an
 # un-interleaved q row moves log-probabilities by whole nats, far beyond either.
 BF16_SLACK = 2.0
-# With int8 inputs (gguf_activations "int8"): their rounding (1/254 of a block's largest input)
-# is an error of bf16's order added to it; measured on a 2-core AMD EPYC Zen 4, at most 2.0x
-# HF bf16's own error.
-INT8_SLACK = 3.0
 # Resident memory of loading the embedded model beyond 1.2 x the file: the tokenizer (49152
 # tokens, 48900 merges as Python and Rust objects) and the allocator's slack. Measured on a
 # 2-core Xeon (no AMX): peak over the baseline = file + 25 MB.
@@ -62,15 +58,6 @@ def gguf_files(tmp_path_factory, kernels) -> dict[str, tuple[Path, object]]:
     }
 
 
-def _chosen_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """A Hugging Face model's float32 log-probability of each of `tokens` after the prompt
-    and the tokens before it (one teacher-forced pass)."""
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    return logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-
-
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_bf16_logprobs_as_close_to_the_oracle_as_hf_bf16(gguf_files, arch: str) -> None:
     """Along our own greedy path, our log-probability of each chosen token is as close to the
@@ -87,8 +74,8 @@ def test_bf16_logprobs_as_close_to_the_oracle_as_hf_bf16(gguf_files, arch: str) 
     hf_bf16 = copy.deepcopy(oracle).to(torch.bfloat16)
     for prompt, output in zip(prompts(), llm.generate(prompts(), greedy), strict=True):
         ours = torch.tensor([entry.logprob for entry in output.logprobs])
-        want = _chosen_logprobs(oracle, prompt, output.token_ids)
-        hf_error = (_chosen_logprobs(hf_bf16, prompt, output.token_ids) - want).abs().max()
+        want = chosen_logprobs(oracle, prompt, output.token_ids)
+        hf_error = (chosen_logprobs(hf_bf16, prompt, output.token_ids) - want).abs().max()
         assert (ours - want).abs().max() <= BF16_SLACK * hf_error + 0.02, (arch, prompt)
 
 
@@ -202,8 +189,8 @@ def test_int8_activations_as_close_to_the_oracle_as_hf_bf16(gguf_files, arch: st
     outputs = {mode: llm.generate(prompts(), greedy) for mode, llm in engines.items()}
     for prompt, output in zip(prompts(), outputs["int8"], strict=True):
         ours = torch.tensor([entry.logprob for entry in output.logprobs])
-        want = _chosen_logprobs(oracle, prompt, output.token_ids)
-        hf_error = (_chosen_logprobs(hf_bf16, prompt, output.token_ids) - want).abs().max()
+        want = chosen_logprobs(oracle, prompt, output.token_ids)
+        hf_error = (chosen_logprobs(hf_bf16, prompt, output.token_ids) - want).abs().max()
         assert (ours - want).abs().max() <= INT8_SLACK * hf_error + 0.02, (arch, prompt)
     if "exact" in outputs:
         logprobs = {
@@ -217,6 +204,6 @@ def test_int8_activations_refusals(gguf_files, kernels) -> None:
         EngineConfig(gguf_activations="int8", batch_invariant=True)
     with pytest.raises(ValueError, match="'exact' or 'int8'"):
         EngineConfig(gguf_activations="int4")
-    path, _ = gguf_files["llama"]  # float32: the AVX2 kernels, no int8 path
-    with pytest.raises(ValueError, match="native bf16 kernels"):
-        LLM(model=str(path), dtype="float32", gguf_activations="int8")
+    path, _ = gguf_files["llama"]  # blocks dequantized at load: no kernel reads them
+    with pytest.raises(ValueError, match="needs a GGUF model's blocks read by the native"):
+        LLM(model=str(path), dtype="bfloat16", gguf_activations="int8", gguf_matvec=False)

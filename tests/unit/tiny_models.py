@@ -160,3 +160,12 @@ def hf_greedy(
     )
     margins = [float(torch.topk(step[0], 2).values.diff().abs()) for step in out.logits]
     return out.sequences[0, len(prompt) :].tolist(), min(margins)
+
+
+def chosen_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """A Hugging Face model's float32 log-probability of each of `tokens` after the prompt
+    and the tokens before it (one teacher-forced pass)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0]
