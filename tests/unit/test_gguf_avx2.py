@@ -12,6 +12,7 @@ everywhere; the serving path uses them only for float32 GGUF models.
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from tiny_models import prompts
 from torch.nn import functional as F
 
 from engine import gguf_blocks
-from engine.kernels import load_avx2_kernels
+from engine.kernels import load_avx2_kernels, load_cpu_kernels
 from engine.llm import LLM
 from engine.models.gguf_linear import GGUFLinear
 from scheduler.sampling_params import SamplingParams
@@ -127,12 +128,15 @@ def test_int8_matvec_extreme_codes_do_not_overflow() -> None:
         torch.testing.assert_close(got, want, **F32_TOLERANCE)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    """A tiny Llama GGUF of Q4_K, Q6_K, Q8_0, Q4_0 and Q5_K blocks, and its float32 oracle."""
-    path = tmp_path_factory.mktemp("gguf-avx2") / "llama.gguf"
+@pytest.fixture
+def tiny_llama(tmp_path, monkeypatch) -> Path:
+    """A tiny Llama GGUF of Q4_K, Q6_K, Q8_0, Q4_0 and Q5_K blocks; its metadata cached under
+    tmp_path, the kernels loaded first from the real cache (a build there would take minutes)."""
+    load_cpu_kernels()
+    monkeypatch.setenv("METERSERVE_CACHE_DIR", str(tmp_path / "cache"))
     formats, tied = CASES["llama"]
-    return path, write_tiny_gguf(path, "llama", formats, tied)
+    write_tiny_gguf(tmp_path / "llama.gguf", "llama", formats, tied)
+    return tmp_path / "llama.gguf"
 
 
 def test_int8_inputs_in_float32_equal_their_plain_torch_reference(tiny_llama) -> None:
@@ -141,7 +145,7 @@ def test_int8_inputs_in_float32_equal_their_plain_torch_reference(tiny_llama) ->
     F.linear(gguf_blocks.int8_inputs(x), dequantized weights) instead is the reference: greedy
     tokens equal, log-probabilities within INT8_REFERENCE_TOLERANCE; the exact path's differ
     from both by far more (the int8 kernel is really taken)."""
-    path, _ = tiny_llama
+    path = tiny_llama
     engines = {
         mode: LLM(model=str(path), dtype="float32", block_size=4, kv_cache_bytes=1 << 20,
                   gguf_activations="exact" if mode == "exact" else "int8")
@@ -171,6 +175,6 @@ def _int8_reference_part(self, flat: torch.Tensor, part) -> torch.Tensor:
 
 
 def test_int8_inputs_need_the_blocks_read_by_a_kernel(tiny_llama) -> None:
-    path, _ = tiny_llama
+    path = tiny_llama
     with pytest.raises(ValueError, match="needs a GGUF model's blocks read by the native"):
         LLM(model=str(path), dtype="float32", gguf_activations="int8", gguf_matvec=False)
