@@ -34,15 +34,16 @@ namespace {
 
 // The rows' inputs rounded to int8 per group of `group` (the format's block).
 struct Int8Inputs {
-  int64_t K, groups;         // groups = K / group
-  std::vector<int8_t> q;     // [M, K]
-  std::vector<float> scale;  // [M, groups]: dx
-  std::vector<int32_t> sums;  // [M, K / 16]: the sum of each 16 consecutive q
+  int64_t K, groups;          // groups = K / group
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<float> scale;   // [M, groups]: dx
+  std::vector<int16_t> sums;  // [M, K / 16]: the sum of each 16 consecutive q (|sum| <= 2032)
+  std::vector<int16_t> sums32;  // [M, K / 32]: the sum of each 32
 };
 
 Int8Inputs quantize(const float* x, int64_t M, int64_t K, int64_t group) {
   Int8Inputs in{K, K / group, std::vector<int8_t>(M * K), std::vector<float>(M * (K / group)),
-                std::vector<int32_t>(M * (K / 16))};
+                std::vector<int16_t>(M * (K / 16)), std::vector<int16_t>(M * (K / 32))};
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < K / group; ++g) {
       const float* xs = x + m * K + g * group;
@@ -56,10 +57,13 @@ Int8Inputs quantize(const float* x, int64_t M, int64_t K, int64_t group) {
         q[k] = static_cast<int8_t>(std::nearbyint(xs[k] * inverse));
     }
     for (int64_t j = 0; j < K / 16; ++j) {
-      int32_t sum = 0;
+      int sum = 0;
       for (int k = 0; k < 16; ++k) sum += in.q[m * K + 16 * j + k];
-      in.sums[m * (K / 16) + j] = sum;
+      in.sums[m * (K / 16) + j] = static_cast<int16_t>(sum);
     }
+    for (int64_t j = 0; j < K / 32; ++j)
+      in.sums32[m * (K / 32) + j] = static_cast<int16_t>(in.sums[m * (K / 16) + 2 * j] +
+                                                         in.sums[m * (K / 16) + 2 * j + 1]);
   }
   return in;
 }
@@ -79,7 +83,7 @@ constexpr bool kSuperBlock = F::kWeights == 256;
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: one block of 32 weights, one scale and one min.
 template <class F, int M>
 inline void block32(const uint8_t* block, int64_t b, const Int8Inputs& in, __m256 acc[M],
-                    float offset[M]) {
+                    __m128 offset[M]) {
   float d, min;
   F::params(block, &d, &min);
   const __m256i codes = F::codes(block, 0);
@@ -89,65 +93,87 @@ inline void block32(const uint8_t* block, int64_t b, const Int8Inputs& in, __m25
     const float dx = in.scale[m * in.groups + b];
     const __m256i sums = _mm256_madd_epi16(pair_products<F>(codes, xq), ones);
     acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sums), acc[m]);
-    const int32_t* s16 = in.sums.data() + m * (in.K / 16) + 2 * b;
-    offset[m] += min * dx * static_cast<float>(s16[0] + s16[1]);
+    const float input_sum = static_cast<float>(in.sums32[m * (in.K / 32) + b]);
+    offset[m] = _mm_add_ss(offset[m], _mm_set_ss(min * dx * input_sum));
   }
+}
+
+// Q4_K, Q5_K: 8 6-bit scales in bytes 0-7 of the result, 8 6-bit mins in bytes 8-15 (the
+// same unpacking as gguf_formats.h's k_ints, four at a time in 32-bit words).
+inline __m128i k_scales_and_mins(const uint8_t* block) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  uint32_t w[3];
+  std::memcpy(w, block + 4, sizeof(w));
+  const uint32_t scales_high = (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4);
+  const uint32_t mins_high = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kLow2) << 4);
+  return _mm_setr_epi32(static_cast<int>(w[0] & kLow6), static_cast<int>(scales_high),
+                        static_cast<int>(w[1] & kLow6), static_cast<int>(mins_high));
+}
+
+// int16 lane s of each 128-bit half repeated across its 8 lanes (the scale of sub-block s).
+inline __m256i repeat_lane(__m256i lanes, int s) {
+  const __m256i pick = _mm256_set1_epi16(static_cast<int16_t>((2 * s) | ((2 * s + 1) << 8)));
+  return _mm256_shuffle_epi8(lanes, pick);
 }
 
 // Q4_K, Q5_K: a super-block of 8 sub-blocks of 32, 6-bit scales and mins.
 template <class F, int M>
 inline void k_super_block(const uint8_t* block, int64_t sb, const Int8Inputs& in, __m256 acc[M],
-                          float offset[M]) {
-  int sc[8], mn[8];
-  k_ints(block, sc, mn);
+                          __m128 offset[M]) {
+  const __m128i packed = k_scales_and_mins(block);
+  const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
+  const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
   const float d = half(block), dmin = half(block + 2);
-  __m256i codes[8], scales[8];
+  __m256i codes[8], sub_scales[8];
   for (int s = 0; s < 8; ++s) {
     codes[s] = F::codes(block, s);
-    scales[s] = _mm256_set1_epi16(static_cast<int16_t>(sc[s]));
+    sub_scales[s] = repeat_lane(scales, s);
   }
   for (int m = 0; m < M; ++m) {
     const int8_t* xq = in.q.data() + m * in.K + 256 * sb;
-    const int32_t* s16 = in.sums.data() + m * (in.K / 16) + 16 * sb;
     __m256i sums = _mm256_setzero_si256();
-    int32_t min_sum = 0;
-    for (int s = 0; s < 8; ++s) {
+    for (int s = 0; s < 8; ++s)
       sums = _mm256_add_epi32(
-          sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), scales[s]));
-      min_sum += mn[s] * (s16[2 * s] + s16[2 * s + 1]);
-    }
+          sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), sub_scales[s]));
+    const __m128i input_sums = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(in.sums32.data() + m * (in.K / 32) + 8 * sb));
     const float dx = in.scale[m * in.groups + sb];
     acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sums), acc[m]);
-    offset[m] -= dmin * dx * static_cast<float>(min_sum);
+    offset[m] = _mm_fmadd_ps(_mm_set1_ps(-dmin * dx),
+                             _mm_cvtepi32_ps(_mm_madd_epi16(mins, input_sums)), offset[m]);
   }
 }
 
 // Q6_K: a super-block of 16 groups of 16, signed 8-bit scales, codes 0-63 offset by -32.
 template <class F, int M>
 inline void q6_k_super_block(const uint8_t* block, int64_t sb, const Int8Inputs& in,
-                             __m256 acc[M], float offset[M]) {
+                             __m256 acc[M], __m128 offset[M]) {
   const float d = half(block + 208);
-  const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
-  __m256i codes[8], scales[8];
+  const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
+  const __m256i group_scales = _mm256_cvtepi8_epi16(scale_bytes);  // 16 groups' scales
+  __m256i codes[8], sub_scales[8];
   for (int s = 0; s < 8; ++s) {
     codes[s] = F::codes(block, s);
     // 16-bit lanes 0-7 hold elements 0-15 of the sub-block (group 2 s), lanes 8-15 the rest.
-    scales[s] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * s])),
-                                        _mm_set1_epi16(sc[2 * s + 1]), 1);
+    const __m128i pick = _mm_setr_epi8(2 * s, 2 * s, 2 * s, 2 * s, 2 * s, 2 * s, 2 * s, 2 * s,
+                                       2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1,
+                                       2 * s + 1, 2 * s + 1, 2 * s + 1);
+    sub_scales[s] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scale_bytes, pick));
   }
   for (int m = 0; m < M; ++m) {
     const int8_t* xq = in.q.data() + m * in.K + 256 * sb;
-    const int32_t* s16 = in.sums.data() + m * (in.K / 16) + 16 * sb;
     __m256i sums = _mm256_setzero_si256();
-    int32_t shift = 0;
     for (int s = 0; s < 8; ++s)
       sums = _mm256_add_epi32(
-          sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), scales[s]));
-    for (int g = 0; g < 16; ++g) shift += sc[g] * s16[g];
+          sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), sub_scales[s]));
+    const __m256i input_sums = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(in.sums.data() + m * (in.K / 16) + 16 * sb));
+    const __m256i shift = _mm256_madd_epi16(group_scales, input_sums);  // sum_g sc[g] sum(xq_g)
     const float ddx = d * in.scale[m * in.groups + sb];
     acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(ddx), _mm256_cvtepi32_ps(sums), acc[m]);
-    offset[m] -= ddx * static_cast<float>(32 * shift);
+    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(-32.0f * ddx), _mm256_cvtepi32_ps(shift), acc[m]);
   }
+  (void)offset;
 }
 
 template <class F, int M>
@@ -157,8 +183,8 @@ void int8_rows(const Int8Inputs& in, const uint8_t* blocks, int64_t N, const flo
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     __m256 acc[M];
-    float offset[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps(), offset[m] = 0.0f;
+    __m128 offset[M];  // the mins' part: lanes summed at the end
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps(), offset[m] = _mm_setzero_ps();
     const uint8_t* row = blocks + n * row_bytes;
     for (int64_t b = 0; b < num_blocks; ++b) {
       const uint8_t* block = row + b * F::kBytes;
@@ -167,7 +193,8 @@ void int8_rows(const Int8Inputs& in, const uint8_t* blocks, int64_t N, const flo
       else block32<F, M>(block, b, in, acc, offset);
     }
     for (int m = 0; m < M; ++m)
-      out[m * N + n] = hsum(acc[m]) + offset[m] + (bias ? bias[n] : 0.0f);
+      out[m * N + n] = hsum(_mm256_add_ps(acc[m], _mm256_set_m128(_mm_setzero_ps(), offset[m]))) +
+                       (bias ? bias[n] : 0.0f);
   }
 }
 
