@@ -26,7 +26,7 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    attention_backend: Literal["auto", "reference", "batched", "cpu_kernels"] = "auto"
+    attention_backend: Literal["auto", "reference", "batched", "cpu_kernels", "avx2"] = "auto"
     # Native C++ kernels (engine/kernels) for decode matmuls, norms, RoPE and paged attention;
     # False, or METERSERVE_CPU_KERNELS=0, keeps everything in plain torch.
     cpu_kernels: bool = True

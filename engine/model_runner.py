@@ -127,14 +127,18 @@ class ModelRunner:
         self.batch_invariant = config.batch_invariant
         if self.batch_invariant:
             batch_invariance.check_supported(self.dtype, self.kernels, config.attention_backend)
-        self.backend = make_backend(config.attention_backend, self.kernels)
+        # Without the native kernels (a CPU without AVX-512), the AVX2 module's float32 decode
+        # attention and layer operations, under the same names.
+        avx2 = load_avx2_kernels() if config.cpu_kernels and self.kernels is None else None
+        self.backend = make_backend(config.attention_backend, self.kernels, avx2)
+        float32_avx2 = avx2 if self.dtype == torch.float32 else None
         family = MODEL_FAMILIES[checkpoint.config.model_type]
         self.model = family(
             checkpoint.config,
             self.backend,
             max_model_len,
             self.dtype,
-            make_layer_ops(self.kernels),
+            make_layer_ops(self.kernels or float32_avx2),
         )
         self.num_int8_layers = 0  # linear layers quantized to int8 (--quantization int8)
         self.num_int4_layers = 0  # ... to Q4_1 blocks (--quantization int4)

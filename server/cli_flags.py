@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument(
         "--attention-backend",
-        choices=["auto", "reference", "batched", "cpu_kernels"],
+        choices=["auto", "reference", "batched", "cpu_kernels", "avx2"],
         default="auto",
     )
     p.add_argument(

@@ -7,7 +7,9 @@ plain-torch path, which is also the reference every kernel is tested against.
 load_avx2_kernels() returns a second, small module (csrc_avx2/) for CPUs with AVX2 + FMA + F16C
 (every x86 CPU the AVX-512 one needs, and those without AVX-512: AMD Zen 2/3, older Xeons): the
 float32 GGUF path (gguf_matvec_f32, gguf_panel_f32, gguf_dequantize_f32, and gguf_matvec_int8
-for gguf_activations "int8"), so such a CPU serves a GGUF from its blocks. It is built with explicit ISA flags, not -march=native, so it computes the same sums
+for gguf_activations "int8"), so such a CPU serves a GGUF from its blocks, and float32 decode
+attention over the paged cache (paged_decode_attention_f32) and a decoder layer's row-wise
+operations under the native module's names (rms_norm, add_rms_norm_, silu_and_mul, rotary_, ...). It is built with explicit ISA flags, not -march=native, so it computes the same sums
 on every CPU.
 
 The build runs once per source version, CPU and checkout, in $METERSERVE_CACHE_DIR/kernels
@@ -80,8 +82,15 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 ENV_SWITCH = "METERSERVE_CPU_KERNELS"
 AVX2_SOURCE_DIR = Path(__file__).parent / "csrc_avx2"
-AVX2_SOURCES = ["bindings.cpp", "gguf_f32.cpp", "gguf_formats.cpp", "gguf_int8.cpp"]
-AVX2_HEADERS = ["gguf_avx2.h", "gguf_formats.h"]
+AVX2_SOURCES = [
+    "bindings.cpp",
+    "gguf_f32.cpp",
+    "gguf_formats.cpp",
+    "gguf_int8.cpp",
+    "layer_ops.cpp",
+    "paged_attention.cpp",
+]
+AVX2_HEADERS = ["avx2_kernels.h", "gguf_formats.h"]
 AVX2_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++17"]
 AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
 

@@ -4,7 +4,8 @@ A model calls its ops object for RMSNorm (with the residual add fused in), rotar
 and the gated activation. TorchLayerOps is the reference, written with the same torch ops
 Hugging Face's Llama code uses; KernelLayerOps runs the C++ kernels of engine/kernels, which
 round bfloat16 where those torch ops round, and is tested against TorchLayerOps
-(tests/unit/test_cpu_kernels.py).
+(tests/unit/test_cpu_kernels.py); on a CPU without AVX-512 it runs a float32 model on the AVX2
+module's kernels of the same names (csrc_avx2/layer_ops.cpp, tests/unit/test_layer_ops_avx2.py).
 """
 
 from __future__ import annotations

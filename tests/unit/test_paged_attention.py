@@ -22,7 +22,7 @@ import torch
 
 from engine.attention import BACKENDS, CpuKernelAttention, make_backend
 from engine.forward_batch import build_lists, slot_of, to_tensors
-from engine.kernels import load_cpu_kernels
+from engine.kernels import load_avx2_kernels, load_cpu_kernels
 from scheduler.output import ScheduledChunk
 from scheduler.sampling_params import SamplingParams
 
@@ -168,7 +168,7 @@ PREFILL_PATHS = {"native_prefill": True, "sdpa_prefill": False}
 def _make_backend(name: str):
     if name in PREFILL_PATHS:
         return CpuKernelAttention(load_cpu_kernels(), native_prefill=PREFILL_PATHS[name])
-    return make_backend(name, load_cpu_kernels())
+    return make_backend(name, load_cpu_kernels(), load_avx2_kernels())
 
 
 def _run_backend(name, cases, dtype, seed, masking: Masking = PLAIN, poison: bool = False):
@@ -181,6 +181,8 @@ def _run_backend(name, cases, dtype, seed, masking: Masking = PLAIN, poison: boo
     value = torch.cat([v[c.start :] for c, (_, _, v) in zip(cases, full, strict=True)])
     if name in ("cpu_kernels", *PREFILL_PATHS) and load_cpu_kernels() is None:
         pytest.skip("native CPU kernels are not available on this machine")
+    if name == "avx2" and load_avx2_kernels() is None:
+        pytest.skip("the AVX2 kernels are not available on this machine")
     backend = _make_backend(name)
     kwargs = masking.forward_kwargs()
     out = backend.forward(query, key, value, key_cache, value_cache, batch.meta, **kwargs)
@@ -238,7 +240,8 @@ def test_mixed_batch_bfloat16_close_to_dense(backend: str) -> None:
 
 
 def test_backends_agree_with_each_other() -> None:
-    names = [n for n in BACKENDS if n != "cpu_kernels" or load_cpu_kernels() is not None]
+    available = {"cpu_kernels": load_cpu_kernels(), "avx2": load_avx2_kernels()}
+    names = [n for n in BACKENDS if available.get(n, True) is not None]
     outs = [_run_backend(name, MIXED, torch.float32, 7)[-1] for name in names]
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], atol=1e-5, rtol=1e-5)
@@ -367,12 +370,15 @@ def test_kernel_paths_with_window_and_softcap_close_to_dense(
 
 
 @pytest.mark.parametrize("masking", ["window40", "window40_and_softcap"])
-def test_kernel_decodes_with_window_and_softcap_float32(masking, monkeypatch) -> None:
-    """The AVX-512 float32 decode path over long contexts with 16-token blocks."""
+@pytest.mark.parametrize("backend", ["cpu_kernels", "avx2"])
+def test_kernel_decodes_with_window_and_softcap_float32(backend, masking, monkeypatch) -> None:
+    """The float32 decode kernels (AVX-512, and AVX2's) over long contexts with 16-token
+    blocks, blocks outside the window poisoned."""
     _llama_shape(monkeypatch, 9, 3, 64)
     cases = [RequestCase(s, 1) for s in (0, 14, 39, 40, 47, 63, 100, 200)]
+    masking = LONG_MASKINGS[masking]
     _check_against_dense(
-        cases, torch.float32, 23, "cpu_kernels", 1e-5, 1e-5, masking=LONG_MASKINGS[masking]
+        cases, torch.float32, 23, backend, 1e-5, 1e-5, masking=masking, poison=True
     )
 
 

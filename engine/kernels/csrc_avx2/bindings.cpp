@@ -1,7 +1,7 @@
 // The AVX2 module's Python names (engine/kernels load_avx2_kernels); all release the GIL.
 #include <torch/extension.h>
 
-#include "gguf_avx2.h"
+#include "avx2_kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_matvec_f32", &avx2::gguf_matvec_f32,
@@ -21,5 +21,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "integers (EngineConfig.gguf_activations 'int8')",
         py::arg("x"), py::arg("blocks"), py::arg("kind"), py::arg("out_features"),
         py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("paged_decode_attention_f32", &avx2::paged_decode_attention_f32,
+        "out[decodes, heads, dim]: each decode row's attention over its own paged float32 K/V "
+        "(sliding_window 0 and softcap 0: none)",
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("context_lens"), py::arg("block_size"), py::arg("scale"),
+        py::arg("sliding_window") = 0, py::arg("softcap") = 0.0,
+        py::call_guard<py::gil_scoped_release>());
+  const auto without_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("rms_norm", &avx2::rms_norm, "RMSNorm per row (float32)", without_gil);
+  m.def("rms_norm_heads_", &avx2::rms_norm_heads_,
+        "RMSNorm in place over num_heads heads of each row from first_column (Qwen3 q/k norms)",
+        without_gil);
+  m.def("add_rms_norm_", &avx2::add_rms_norm_, "residual += x; x = rms_norm(residual), in place",
+        without_gil);
+  m.def("silu_and_mul", &avx2::silu_and_mul, "silu(gate) * up over [..., 2 * inter]",
+        without_gil);
+  m.def("rotary_", &avx2::rotary_, "rotate-half RoPE in place on the first heads of each row",
+        without_gil);
   m.attr("max_rows") = avx2::kMaxRows;
 }

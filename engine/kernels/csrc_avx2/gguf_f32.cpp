@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gguf_avx2.h"
+#include "avx2_kernels.h"
 #include "gguf_formats.h"
 
 namespace avx2 {

@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "gguf_avx2.h"
+#include "avx2_kernels.h"
 #include "gguf_formats.h"
 
 namespace avx2 {
