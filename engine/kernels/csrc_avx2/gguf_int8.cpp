@@ -39,11 +39,13 @@ struct Int8Inputs {
   std::vector<float> scale;   // [M, groups]: dx
   std::vector<int16_t> sums;  // [M, K / 16]: the sum of each 16 consecutive q (|sum| <= 2032)
   std::vector<int16_t> sums32;  // [M, K / 32]: the sum of each 32
+  std::vector<float> scaled_sums32;  // [M, K / 32]: dx sum(q) of each 32 (32-weight formats)
 };
 
 Int8Inputs quantize(const float* x, int64_t M, int64_t K, int64_t group) {
   Int8Inputs in{K, K / group, std::vector<int8_t>(M * K), std::vector<float>(M * (K / group)),
-                std::vector<int16_t>(M * (K / 16)), std::vector<int16_t>(M * (K / 32))};
+                std::vector<int16_t>(M * (K / 16)), std::vector<int16_t>(M * (K / 32)),
+                std::vector<float>(group == 32 ? M * (K / 32) : 0)};
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < K / group; ++g) {
       const float* xs = x + m * K + g * group;
@@ -64,6 +66,10 @@ Int8Inputs quantize(const float* x, int64_t M, int64_t K, int64_t group) {
     for (int64_t j = 0; j < K / 32; ++j)
       in.sums32[m * (K / 32) + j] = static_cast<int16_t>(in.sums[m * (K / 16) + 2 * j] +
                                                          in.sums[m * (K / 16) + 2 * j + 1]);
+    if (group == 32)
+      for (int64_t j = 0; j < K / 32; ++j)
+        in.scaled_sums32[m * (K / 32) + j] =
+            in.scale[m * in.groups + j] * static_cast<float>(in.sums32[m * (K / 32) + j]);
   }
   return in;
 }
@@ -93,8 +99,8 @@ inline void block32(const uint8_t* block, int64_t b, const Int8Inputs& in, __m25
     const float dx = in.scale[m * in.groups + b];
     const __m256i sums = _mm256_madd_epi16(pair_products<F>(codes, xq), ones);
     acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sums), acc[m]);
-    const float input_sum = static_cast<float>(in.sums32[m * (in.K / 32) + b]);
-    offset[m] = _mm_add_ss(offset[m], _mm_set_ss(min * dx * input_sum));
+    const float scaled_sum = in.scaled_sums32[m * (in.K / 32) + b];
+    offset[m] = _mm_fmadd_ss(_mm_set_ss(min), _mm_set_ss(scaled_sum), offset[m]);
   }
 }
 
