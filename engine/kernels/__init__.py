@@ -9,8 +9,9 @@ load_avx2_kernels() returns a second, small module (csrc_avx2/) for CPUs with AV
 float32 GGUF path (gguf_matvec_f32, gguf_panel_f32, gguf_dequantize_f32, and gguf_matvec_int8
 for gguf_activations "int8"), so such a CPU serves a GGUF from its blocks, and float32 decode
 attention over the paged cache (paged_decode_attention_f32) and a decoder layer's row-wise
-operations under the native module's names (rms_norm, add_rms_norm_, silu_and_mul, rotary_, ...). It is built with explicit ISA flags, not -march=native, so it computes the same sums
-on every CPU.
+operations under the native module's names (rms_norm, add_rms_norm_, silu_and_mul, rotary_,
+...). It is built with explicit ISA flags, not -march=native, so it computes the same sums on
+every CPU.
 
 The build runs once per source version, CPU and checkout, in $METERSERVE_CACHE_DIR/kernels
 (default ~/.cache/meterserve/kernels), guarded by an flock (build_lock.py) so concurrent processes wait
