@@ -198,16 +198,9 @@ torch::Tensor gguf_matvec_f32(const torch::Tensor& x, const torch::Tensor& block
   float* o = out.data_ptr<float>();
   dispatch(static_cast<int>(kind), [&](auto format) {
     using F = decltype(format);
-    switch (M) {
-      case 1: return matvec_rows<F, 1>(xs, w, N, K, bias_ptr, o);
-      case 2: return matvec_rows<F, 2>(xs, w, N, K, bias_ptr, o);
-      case 3: return matvec_rows<F, 3>(xs, w, N, K, bias_ptr, o);
-      case 4: return matvec_rows<F, 4>(xs, w, N, K, bias_ptr, o);
-      case 5: return matvec_rows<F, 5>(xs, w, N, K, bias_ptr, o);
-      case 6: return matvec_rows<F, 6>(xs, w, N, K, bias_ptr, o);
-      case 7: return matvec_rows<F, 7>(xs, w, N, K, bias_ptr, o);
-      default: return matvec_rows<F, 8>(xs, w, N, K, bias_ptr, o);
-    }
+    with_rows(M, [&](auto rows) {
+      matvec_rows<F, decltype(rows)::value>(xs, w, N, K, bias_ptr, o);
+    });
   });
   return out;
 }

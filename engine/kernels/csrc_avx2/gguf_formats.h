@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace avx2 {
 
@@ -159,6 +160,21 @@ inline auto dispatch(int kind, Fn&& fn) {
     case kQ6_K: return fn(Q6_K{});
   }
   TORCH_CHECK(false, "gguf (AVX2): unsupported ggml block type ", kind);
+}
+
+// fn(std::integral_constant<int, rows>()) for rows 1-8 (the matvecs' row counts; more: 8).
+template <typename Fn>
+inline void with_rows(int64_t rows, Fn&& fn) {
+  switch (rows) {
+    case 1: return fn(std::integral_constant<int, 1>());
+    case 2: return fn(std::integral_constant<int, 2>());
+    case 3: return fn(std::integral_constant<int, 3>());
+    case 4: return fn(std::integral_constant<int, 4>());
+    case 5: return fn(std::integral_constant<int, 5>());
+    case 6: return fn(std::integral_constant<int, 6>());
+    case 7: return fn(std::integral_constant<int, 7>());
+    default: return fn(std::integral_constant<int, 8>());
+  }
 }
 
 // The sum of v's 8 lanes.

@@ -122,6 +122,17 @@ inline __m256i repeat_lane(__m256i lanes, int s) {
   return _mm256_shuffle_epi8(lanes, pick);
 }
 
+// A super-block's 8 sub-blocks of codes times the 256 inputs xq, each sub-block's pair sums
+// multiplied by its 16-bit scales (sub_scales[s]) into 8 int32 lanes, exactly.
+template <class F>
+inline __m256i scaled_sums(const __m256i codes[8], const __m256i sub_scales[8], const int8_t* xq) {
+  __m256i sums = _mm256_setzero_si256();
+  for (int s = 0; s < 8; ++s)
+    sums = _mm256_add_epi32(
+        sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), sub_scales[s]));
+  return sums;
+}
+
 // Q4_K, Q5_K: a super-block of 8 sub-blocks of 32, 6-bit scales and mins.
 template <class F, int M>
 inline void k_super_block(const uint8_t* block, int64_t sb, const Int8Inputs& in, __m256 acc[M],
@@ -136,11 +147,7 @@ inline void k_super_block(const uint8_t* block, int64_t sb, const Int8Inputs& in
     sub_scales[s] = repeat_lane(scales, s);
   }
   for (int m = 0; m < M; ++m) {
-    const int8_t* xq = in.q.data() + m * in.K + 256 * sb;
-    __m256i sums = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s)
-      sums = _mm256_add_epi32(
-          sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), sub_scales[s]));
+    const __m256i sums = scaled_sums<F>(codes, sub_scales, in.q.data() + m * in.K + 256 * sb);
     const __m128i input_sums = _mm_loadu_si128(
         reinterpret_cast<const __m128i*>(in.sums32.data() + m * (in.K / 32) + 8 * sb));
     const float dx = in.scale[m * in.groups + sb];
@@ -167,11 +174,7 @@ inline void q6_k_super_block(const uint8_t* block, int64_t sb, const Int8Inputs&
     sub_scales[s] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scale_bytes, pick));
   }
   for (int m = 0; m < M; ++m) {
-    const int8_t* xq = in.q.data() + m * in.K + 256 * sb;
-    __m256i sums = _mm256_setzero_si256();
-    for (int s = 0; s < 8; ++s)
-      sums = _mm256_add_epi32(
-          sums, _mm256_madd_epi16(pair_products<F>(codes[s], xq + 32 * s), sub_scales[s]));
+    const __m256i sums = scaled_sums<F>(codes, sub_scales, in.q.data() + m * in.K + 256 * sb);
     const __m256i input_sums = _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(in.sums.data() + m * (in.K / 16) + 16 * sb));
     const __m256i shift = _mm256_madd_epi16(group_scales, input_sums);  // sum_g sc[g] sum(xq_g)
@@ -220,16 +223,7 @@ torch::Tensor gguf_matvec_int8(const torch::Tensor& x, const torch::Tensor& bloc
   dispatch(static_cast<int>(kind), [&](auto format) {
     using F = decltype(format);
     const Int8Inputs in = quantize(x.data_ptr<float>(), M, K, F::kWeights);
-    switch (M) {
-      case 1: return int8_rows<F, 1>(in, w, N, bias_ptr, o);
-      case 2: return int8_rows<F, 2>(in, w, N, bias_ptr, o);
-      case 3: return int8_rows<F, 3>(in, w, N, bias_ptr, o);
-      case 4: return int8_rows<F, 4>(in, w, N, bias_ptr, o);
-      case 5: return int8_rows<F, 5>(in, w, N, bias_ptr, o);
-      case 6: return int8_rows<F, 6>(in, w, N, bias_ptr, o);
-      case 7: return int8_rows<F, 7>(in, w, N, bias_ptr, o);
-      default: return int8_rows<F, 8>(in, w, N, bias_ptr, o);
-    }
+    with_rows(M, [&](auto rows) { int8_rows<F, decltype(rows)::value>(in, w, N, bias_ptr, o); });
   });
   return out;
 }
