@@ -128,8 +128,10 @@ class ModelRunner:
         if self.batch_invariant:
             batch_invariance.check_supported(self.dtype, self.kernels, config.attention_backend)
         # Without the native kernels (a CPU without AVX-512), the AVX2 module's float32 decode
-        # attention and layer operations, under the same names.
-        avx2_fallback = load_avx2_kernels() if config.cpu_kernels and self.kernels is None else None
+        # attention and layer operations, under the same names (its attention on any CPU when
+        # asked for by name).
+        wants_avx2 = self.kernels is None or config.attention_backend == "avx2"
+        avx2_fallback = load_avx2_kernels() if config.cpu_kernels and wants_avx2 else None
         self.backend = make_backend(config.attention_backend, self.kernels, avx2_fallback)
         float32_avx2 = avx2_fallback if self.dtype == torch.float32 else None
         family = MODEL_FAMILIES[checkpoint.config.model_type]

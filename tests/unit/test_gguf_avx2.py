@@ -12,7 +12,6 @@ everywhere; the serving path uses them only for float32 GGUF models.
 from __future__ import annotations
 
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from gguf import GGMLQuantizationType
 from gguf_block_samples import COLS, KINDS, ROWS, make_blocks
 from gguf_models import write_tiny_gguf
 from test_gguf_checkpoint import CASES
-from tiny_models import prompts
+from tiny_models import assert_greedy_equals_oracle, prompts
 from torch.nn import functional as F
 
 from engine import gguf_blocks
@@ -129,14 +128,23 @@ def test_int8_matvec_extreme_codes_do_not_overflow() -> None:
 
 
 @pytest.fixture
-def tiny_llama(tmp_path, monkeypatch) -> Path:
-    """A tiny Llama GGUF of Q4_K, Q6_K, Q8_0, Q4_0 and Q5_K blocks; its metadata cached under
-    tmp_path, the kernels loaded first from the real cache (a build there would take minutes)."""
+def tiny_llama(tmp_path, monkeypatch):
+    """A tiny Llama GGUF of Q4_K, Q6_K, Q8_0, Q4_0 and Q5_K blocks and its float32 HF oracle;
+    its metadata cached under tmp_path, the kernels loaded first from the real cache (a build
+    there would take minutes)."""
     load_cpu_kernels()
     monkeypatch.setenv("METERSERVE_CACHE_DIR", str(tmp_path / "cache"))
     formats, tied = CASES["llama"]
-    write_tiny_gguf(tmp_path / "llama.gguf", "llama", formats, tied)
-    return tmp_path / "llama.gguf"
+    return tmp_path / "llama.gguf", write_tiny_gguf(tmp_path / "llama.gguf", "llama", formats, tied)
+
+
+def test_avx2_attention_gives_the_oracles_greedy_tokens(tiny_llama) -> None:
+    """The avx2 attention backend (paged_attention.cpp) in a served float32 model, on every x86
+    CPU: chunked prefills beside decodes, HF's greedy tokens. (Where the AVX-512 kernels do not
+    build, auto picks it and the AVX2 layer ops, and every float32 model test runs on both.)"""
+    path, oracle = tiny_llama
+    llm, _, _ = assert_greedy_equals_oracle(path, oracle, "llama", True, attention_backend="avx2")
+    assert llm.engine.runner.backend.name == "avx2"
 
 
 def test_int8_inputs_in_float32_equal_their_plain_torch_reference(tiny_llama) -> None:
@@ -145,7 +153,7 @@ def test_int8_inputs_in_float32_equal_their_plain_torch_reference(tiny_llama) ->
     F.linear(gguf_blocks.int8_inputs(x), dequantized weights) instead is the reference: greedy
     tokens equal, log-probabilities within INT8_REFERENCE_TOLERANCE; the exact path's differ
     from both by far more (the int8 kernel is really taken)."""
-    path = tiny_llama
+    path, _ = tiny_llama
     engines = {
         mode: LLM(model=str(path), dtype="float32", block_size=4, kv_cache_bytes=1 << 20,
                   gguf_activations="exact" if mode == "exact" else "int8")
@@ -175,6 +183,6 @@ def _int8_reference_part(self, flat: torch.Tensor, part) -> torch.Tensor:
 
 
 def test_int8_inputs_need_the_blocks_read_by_a_kernel(tiny_llama) -> None:
-    path = tiny_llama
+    path, _ = tiny_llama
     with pytest.raises(ValueError, match="needs a GGUF model's blocks read by the native"):
         LLM(model=str(path), dtype="float32", gguf_activations="int8", gguf_matvec=False)

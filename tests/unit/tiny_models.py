@@ -112,11 +112,14 @@ def assert_stack_equals_layer_loop(llm, prompt_ids: list[list[int]], reading):
     return with_readings, readings
 
 
-def assert_greedy_equals_oracle(path: Path, oracle, name: str, cpu_kernels: bool):
+def assert_greedy_equals_oracle(
+    path: Path, oracle, name: str, cpu_kernels: bool, attention_backend: str | None = None
+):
     """The model at path (a checkpoint directory or a GGUF file) served in float32 gives HF
     `generate`'s greedy tokens on the oracle, token for token, for the prompts below (up to 30
-    tokens; 4-token blocks, a 16-token step budget: chunked prefills beside decodes). Returns
-    the engine and its outputs, and HF's tokens, for a caller's further checks."""
+    tokens; 4-token blocks, a 16-token step budget: chunked prefills beside decodes). The
+    attention backend: auto with the kernels, else batched, unless named. Returns the engine
+    and its outputs, and HF's tokens, for a caller's further checks."""
     from engine.llm import LLM
 
     expected = []
@@ -131,7 +134,7 @@ def assert_greedy_equals_oracle(path: Path, oracle, name: str, cpu_kernels: bool
         kv_cache_bytes=1 << 20,
         max_num_batched_tokens=16,
         cpu_kernels=cpu_kernels,
-        attention_backend="auto" if cpu_kernels else "batched",
+        attention_backend=attention_backend or ("auto" if cpu_kernels else "batched"),
     )
     outputs = llm.generate(prompts(), SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
     assert [o.token_ids for o in outputs] == expected
