@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.kernels import load_cpu_kernels
 from engine.llm import LLM
 from engine.models import packed_linear
 from engine.models.decode_stack import build_decode_stack
@@ -28,6 +29,8 @@ from scheduler.sampling_params import SamplingParams
 def served_llm(request):
     """Both gguf_activations: with "int8" the stack's GGUF parts carry the flag into
     gguf_small_linear, as GGUFLinear passes it to kernels.gguf_linear."""
+    if load_cpu_kernels() is None:  # and bf16 int8 inputs are refused without them
+        pytest.skip("the native kernels are not built on this machine")
     llm = LLM(EngineConfig(dtype="bfloat16", gguf_activations=request.param))
     if llm.engine.runner.model.decode_stack is None:
         pytest.skip("the native kernels are not built on this machine")
