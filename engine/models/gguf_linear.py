@@ -9,7 +9,8 @@ outputs are concatenated. prepare_gguf_modules() picks the path once, at load:
   file) is kept in the model's dtype and multiplied by F.linear;
 - float32 with the AVX2 kernels (any x86 CPU with AVX2 + FMA + F16C: the dtype "auto" picks
   on CPUs without AVX512-BF16): 1-8 rows read the blocks with avx2.gguf_matvec_f32, 9-64 with
-  avx2.gguf_panel_f32 (the exact weights, fp32 sums); larger passes dequantize the part per
+  avx2.gguf_panel_f32 (the exact weights, fp32 sums; up to 128 for a part of 8 MiB or more in
+  float32, AVX2_LARGE_PART_BYTES); larger passes dequantize the part per
   call (gguf_dequantize_f32, equal to the reference) and multiply with F.linear, so only the
   blocks stay resident;
 - EngineConfig.gguf_activations "int8" (either of the two above): passes of 1-8 rows quantize
@@ -41,6 +42,12 @@ from engine.models.packed_linear import PackedLinear
 # torch's matmul. Measured on a 2-core AMD EPYC (Zen 3), Q4_1 1536x576 and 576x1536: the panels
 # are 0.9-0.6x the time of that at 9-64 rows, about equal at 128, 1.15x at 512.
 AVX2_PANEL_ROWS = 64
+# A part whose float32 copy takes at least AVX2_LARGE_PART_BYTES keeps the panels up to
+# AVX2_LARGE_PART_PANEL_ROWS: writing such a copy costs more than the panels' extra arithmetic.
+# Measured on the same CPU, a random 1.5B Llama Q4_K_M (parts of 16-92 MB in float32): a
+# 128-token prefill 6.4-6.9 s with the copy, 3.2 s on the panels; 512 tokens about equal.
+AVX2_LARGE_PART_BYTES = 8 << 20
+AVX2_LARGE_PART_PANEL_ROWS = 128
 
 
 class GGUFLinear(nn.Module):
@@ -120,12 +127,18 @@ class GGUFLinear(nn.Module):
             return self.large.bytes_read(num_rows)
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         weights = sum(_part_bytes(p) for p in self.parts)
-        if self._avx2_dequantizes(num_rows):  # the matmul also reads the float32 weights
-            weights += sum(_float_bytes(p) for p in self.parts if not isinstance(p, torch.Tensor))
+        # A part dequantized per call: the matmul also reads its float32 weights.
+        blocks = (p for p in self.parts if not isinstance(p, torch.Tensor))
+        weights += sum(_float_bytes(p) for p in blocks if self._avx2_dequantizes(num_rows, p))
         return weights + bias
 
-    def _avx2_dequantizes(self, num_rows: int) -> bool:
-        return self.avx2 is not None and num_rows > AVX2_PANEL_ROWS
+    def _avx2_dequantizes(self, num_rows: int, part: GGUFBlocks) -> bool:
+        """Whether the AVX2 path dequantizes this part per call for num_rows rows (else the
+        matvec or the panels read its blocks)."""
+        if self.avx2 is None or num_rows <= AVX2_PANEL_ROWS:
+            return False
+        large = _float_bytes(part) >= AVX2_LARGE_PART_BYTES
+        return not large or num_rows > AVX2_LARGE_PART_PANEL_ROWS
 
     def blocks_rows(self) -> int:
         """The most rows a pass reads from the blocks while a bf16 copy exists: on AMX the tiles
@@ -175,7 +188,7 @@ class GGUFLinear(nn.Module):
                 self.avx2.gguf_matvec_int8 if self.int8_activations else self.avx2.gguf_matvec_f32
             )
             return matvec(flat.contiguous(), part.blocks, part.kind, part.rows)
-        if rows <= AVX2_PANEL_ROWS:
+        if not self._avx2_dequantizes(rows, part):
             return self.avx2.gguf_panel_f32(flat.contiguous(), part.blocks, part.kind, part.rows)
         weight = self.avx2.gguf_dequantize_f32(part.blocks, part.kind, part.rows, part.cols)
         return F.linear(flat, weight)

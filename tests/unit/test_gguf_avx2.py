@@ -23,6 +23,7 @@ from tiny_models import assert_greedy_equals_oracle, prompts
 from torch.nn import functional as F
 
 from engine import gguf_blocks
+from engine.gguf_tensors import GGUFBlocks
 from engine.kernels import load_avx2_kernels, load_cpu_kernels
 from engine.llm import LLM
 from engine.models.gguf_linear import GGUFLinear
@@ -186,3 +187,25 @@ def test_int8_inputs_need_the_blocks_read_by_a_kernel(tiny_llama) -> None:
     path, _ = tiny_llama
     with pytest.raises(ValueError, match="needs a GGUF model's blocks read by the native"):
         LLM(model=str(path), dtype="float32", gguf_activations="int8", gguf_matvec=False)
+
+
+def test_a_large_part_keeps_the_panels_up_to_128_rows() -> None:
+    """gguf_linear's AVX2 path: a part of 8 MiB or more in float32 reads its blocks on the
+    panels up to AVX2_LARGE_PART_PANEL_ROWS rows (no float32 copy written per call), a smaller
+    one up to AVX2_PANEL_ROWS; both equal x @ w.T, and bytes_read counts a copy only where one
+    is made."""
+    kind = int(GGMLQuantizationType.Q4_1)
+    large, small = (make_blocks(kind, n, 1024, seed=n) for n in (2048, 64))
+    layers = {}
+    for name, blocks in (("large", large), ("small", small)):
+        layer = GGUFLinear([GGUFBlocks(kind, blocks.view(blocks.shape[0], -1), 1024)], 1024, None,
+                           torch.float32)  # fmt: skip
+        layer.use_avx2_kernels(avx2)
+        layers[name] = (layer, blocks.numel())
+    for rows, copied in ((64, set()), (100, {"small"}), (129, {"large", "small"})):
+        x = torch.randn(rows, 1024)
+        for name, (layer, block_bytes) in layers.items():
+            weights = gguf_blocks.dequantize(kind, layer.parts[0].blocks, 1024)
+            torch.testing.assert_close(layer(x), x @ weights.T, **F32_TOLERANCE)
+            copy_bytes = weights.numel() * 4 if name in copied else 0
+            assert layer.bytes_read(rows) == block_bytes + copy_bytes, (name, rows)
