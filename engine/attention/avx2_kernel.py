@@ -6,7 +6,7 @@ to their slots by index_copy_ (reference.write_kv); every decode row then attend
 block table (avx2.paged_decode_attention_f32), where the batched plain-torch backend gathers
 every decode's blocks into one padded tensor per layer first: that copy cost as much as the
 attention itself, and a short request paid for the longest one's padding. Prefill chunks take
-batched.py's SDPA path. Sliding windows and softcaps hold on both. A bfloat16 model's decodes
+batched.py's SDPA path (the class is BatchedAttention with its decode rows replaced). Sliding windows and softcaps hold on both. A bfloat16 model's decodes
 (torch's emulated bf16 on such a CPU) take batched.py's path. Tested against
 ReferenceAttention (tests/unit/test_paged_attention_avx2.py).
 """
@@ -15,47 +15,20 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.batched import decode_attention, prefill_attention
-from engine.attention.metadata import AttentionMetadata
-from engine.attention.reference import write_kv
+from engine.attention.batched import BatchedAttention
 
 
-class Avx2Attention:
+class Avx2Attention(BatchedAttention):
+    """BatchedAttention with the decode rows on the AVX2 kernel (float32)."""
+
     name = "avx2"
 
     def __init__(self, avx2) -> None:
         self.avx2 = avx2
 
-    def forward(
-        self,
-        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-    ) -> torch.Tensor:
-        """sliding_window and softcap as in ReferenceAttention.forward."""
-        write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
-        outputs = []
-        if meta.num_decodes:
-            decodes = query[: meta.num_decodes]
-            outputs.append(
-                self._decode(decodes, key_cache, value_cache, meta, scale, sliding_window, softcap)
-            )
-        outputs.extend(
-            prefill_attention(
-                query, key, value, key_cache, value_cache, meta, scale, sliding_window, softcap
-            )
-        )
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
-
     def _decode(self, query, key_cache, value_cache, meta, scale, sliding_window, softcap):
         if query.dtype != torch.float32:
-            return decode_attention(
+            return super()._decode(
                 query, key_cache, value_cache, meta, scale, sliding_window, softcap
             )
         return self.avx2.paged_decode_attention_f32(

@@ -37,16 +37,9 @@ class BatchedAttention:
         write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         outputs = []
         if meta.num_decodes:
+            decodes = query[: meta.num_decodes]
             outputs.append(
-                decode_attention(
-                    query[: meta.num_decodes],
-                    key_cache,
-                    value_cache,
-                    meta,
-                    scale,
-                    sliding_window,
-                    softcap,
-                )
+                self._decode(decodes, key_cache, value_cache, meta, scale, sliding_window, softcap)
             )
         outputs.extend(
             prefill_attention(
@@ -54,6 +47,10 @@ class BatchedAttention:
             )
         )
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+    def _decode(self, query, key_cache, value_cache, meta, scale, sliding_window, softcap):
+        """The step's decode rows (the first meta.num_decodes of the batch)."""
+        return decode_attention(query, key_cache, value_cache, meta, scale, sliding_window, softcap)
 
 
 def decode_attention(
